@@ -1,0 +1,110 @@
+"""Settings of django-jobs, each read through one documented function.
+
+Every setting is optional. Read them only through these functions, so that defaults live here
+and nowhere else. Values are read on each call, so ``override_settings`` works in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+
+def _get(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def database_alias() -> str:
+    """``JOBS_DATABASE``: the database alias that holds the job tables. Default ``"default"``."""
+    return str(_get("JOBS_DATABASE", "default"))
+
+
+def default_queue() -> str:
+    """``JOBS_DEFAULT_QUEUE``: the queue of a ``@job`` that names none. Default ``"default"``."""
+    return str(_get("JOBS_DEFAULT_QUEUE", "default"))
+
+
+def queues() -> list[str]:
+    """``JOBS_QUEUES``: the queues you use, for the admin's filters. Default: the default queue
+    plus every queue named by a registered task."""
+    configured = _get("JOBS_QUEUES", None)
+    if configured is not None:
+        return list(configured)
+    from django_jobs.registry import registry
+
+    return sorted({default_queue(), *(t.queue for t in registry.all())})
+
+
+def default_max_attempts() -> int:
+    """``JOBS_DEFAULT_MAX_ATTEMPTS``: attempts of a job whose task sets none. Default 3.
+
+    Delivery is at-least-once: a job whose worker died is retried while attempts remain."""
+    return int(_get("JOBS_DEFAULT_MAX_ATTEMPTS", 3))
+
+
+def default_timeout() -> int | None:
+    """``JOBS_DEFAULT_TIMEOUT``: seconds a job may run before it is stopped, for tasks that set
+    no ``timeout``. Default ``None`` (no limit)."""
+    value = _get("JOBS_DEFAULT_TIMEOUT", None)
+    return None if value is None else int(value)
+
+
+def max_payload_bytes() -> int:
+    """``JOBS_MAX_PAYLOAD_BYTES``: the largest JSON encoding of a job's args plus kwargs.
+    Default 256 KiB. Pass large data by reference (a key, a path), not by value."""
+    return int(_get("JOBS_MAX_PAYLOAD_BYTES", 256 * 1024))
+
+
+def worker_name() -> str | None:
+    """``JOBS_WORKER_ID``: the base name of worker ids. Default: ``POD_NAME``, then the host name.
+
+    A pid and a short random id are always appended, so that two boots never share an id."""
+    value = _get("JOBS_WORKER_ID", None)
+    return str(value) if value else None
+
+
+def poll_interval() -> float:
+    """``JOBS_POLL_INTERVAL``: seconds an idle worker waits between looks for ready jobs
+    (jittered by up to 20%). Default 1.0."""
+    return float(_get("JOBS_POLL_INTERVAL", 1.0))
+
+
+def heartbeat_interval() -> float:
+    """``JOBS_HEARTBEAT_INTERVAL``: seconds between a worker's heartbeats. Default 10."""
+    return float(_get("JOBS_HEARTBEAT_INTERVAL", 10.0))
+
+
+def worker_timeout() -> float:
+    """``JOBS_WORKER_TIMEOUT``: seconds without a heartbeat after which a worker counts as gone
+    and the reaper recovers its jobs. Default 60; keep it several heartbeat intervals long."""
+    return float(_get("JOBS_WORKER_TIMEOUT", 60.0))
+
+
+def timeout_grace() -> float:
+    """``JOBS_TIMEOUT_GRACE``: seconds past a job's timeout before the reaper treats it as stuck
+    (the worker itself stops it at the timeout). Default 60."""
+    return float(_get("JOBS_TIMEOUT_GRACE", 60.0))
+
+
+def kill_grace() -> float:
+    """``JOBS_KILL_GRACE``: seconds a job process gets after SIGTERM before SIGKILL. Default 5."""
+    return float(_get("JOBS_KILL_GRACE", 5.0))
+
+
+def retry_backoff() -> tuple[float, float]:
+    """``JOBS_RETRY_BACKOFF``: ``(base, cap)`` seconds of the default exponential backoff:
+    ``min(cap, base * 2 ** (attempt - 1))``, jittered over its upper half. Default (5, 3600)."""
+    base, cap = _get("JOBS_RETRY_BACKOFF", (5.0, 3600.0))
+    return float(base), float(cap)
+
+
+def lock_timeout_ms() -> int:
+    """``JOBS_LOCK_TIMEOUT_MS``: lock wait limit of the job system's statements. Default 5000."""
+    return int(_get("JOBS_LOCK_TIMEOUT_MS", 5000))
+
+
+def statement_timeout_ms() -> int:
+    """``JOBS_STATEMENT_TIMEOUT_MS``: statement time limit of the job system's own statements.
+    Default 30000."""
+    return int(_get("JOBS_STATEMENT_TIMEOUT_MS", 30000))

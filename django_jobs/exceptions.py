@@ -1,0 +1,55 @@
+"""The exception hierarchy of django-jobs.
+
+Errors raised to callers derive from :class:`JobsError`. :class:`Retry` and :class:`Fail` are
+raised *by job functions* to steer the retry policy.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class JobsError(Exception):
+    """Base class of every error django-jobs raises."""
+
+
+class UnknownTask(JobsError, LookupError):
+    """A task name is not in the registry of ``@job`` functions."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown task {name!r}: no @job function is registered under that name in this "
+            "process. Define it in an installed app's jobs.py (or import its module at startup), "
+            "and deploy it to the workers before enqueueing."
+        )
+
+
+class InvalidPayload(JobsError, ValueError):
+    """Job arguments are not plain JSON, or are larger than ``JOBS_MAX_PAYLOAD_BYTES``."""
+
+
+class InvalidOption(JobsError, ValueError):
+    """A job option (priority, queue, timeout, ...) is out of range or of the wrong type."""
+
+
+class DependencyError(JobsError, ValueError):
+    """A dependency names a job that does not exist, or the job itself."""
+
+
+class Retry(Exception):
+    """Raise from a job to ask for another attempt, optionally after a given delay.
+
+    The attempt still counts: if no attempts are left the job ends in ``error``.
+    """
+
+    def __init__(self, after: float | timedelta | None = None, reason: str = "") -> None:
+        if isinstance(after, timedelta):
+            after = after.total_seconds()
+        self.after = after
+        self.reason = reason
+        super().__init__(reason or "retry requested")
+
+
+class Fail(Exception):
+    """Raise from a job to end it in ``error`` at once, without further retries."""

@@ -1,0 +1,42 @@
+"""Log output for the job system's commands: readable lines, or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+# Fields that the worker and reaper attach to their records with ``extra=``.
+STRUCTURED_FIELDS = ("job_id", "task", "queue", "attempt", "worker_id", "duration", "state")
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for field in STRUCTURED_FIELDS:
+            if hasattr(record, field):
+                entry[field] = getattr(record, field)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str = "INFO", fmt: str = "text") -> None:
+    """Send ``django_jobs`` logs to stderr, unless the project's LOGGING already handles them."""
+    logger = logging.getLogger("django_jobs")
+    logger.setLevel(level.upper())
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False

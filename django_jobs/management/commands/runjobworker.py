@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_jobs import logging as jobs_logging
+from django_jobs.worker.supervisor import Supervisor
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {number}")
+    return number
+
+
+def _queue_list(value: str) -> list[str]:
+    queues = [q.strip() for q in value.split(",") if q.strip()]
+    if not queues:
+        raise argparse.ArgumentTypeError("name at least one queue, e.g. --queues default,reports")
+    return queues
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a job worker: claim ready jobs and run them in executor processes. "
+        "SIGTERM or Ctrl-C stops claiming and lets running jobs finish within --grace; "
+        "a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queues",
+            type=_queue_list,
+            default=None,
+            metavar="A,B",
+            help="Comma-separated queues to serve (default: every queue).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            default=1,
+            metavar="N",
+            help="Jobs run in parallel, each in its own executor process (default: 1).",
+        )
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            metavar="NAME",
+            help="Base name of this worker's id (default: JOBS_WORKER_ID, POD_NAME or the host "
+            "name). The pid and a short random id are appended.",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Exit once no job is ready and none is running.",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive_int,
+            default=None,
+            metavar="N",
+            help="Exit after claiming N jobs (and finishing them).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_non_negative_float,
+            default=None,
+            metavar="SECONDS",
+            help="Seconds between looks for ready jobs when idle (default: JOBS_POLL_INTERVAL, 1).",
+        )
+        parser.add_argument(
+            "--grace",
+            type=_non_negative_float,
+            default=25.0,
+            metavar="SECONDS",
+            help="On SIGTERM, how long running jobs may go on before they are stopped and "
+            "released back to the queue (default: 25, under Kubernetes' 30).",
+        )
+        parser.add_argument(
+            "--log-format",
+            choices=["text", "json"],
+            default="text",
+            help="text (default) or json: one JSON object per line, for log shippers.",
+        )
+        parser.add_argument(
+            "--log-level",
+            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+            default="INFO",
+            type=str.upper,
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        jobs_logging.configure(options["log_level"], options["log_format"])
+        supervisor = Supervisor(
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            name=options["worker_id"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            poll_interval=options["poll_interval"],
+            grace=options["grace"],
+        )
+        code = supervisor.run()
+        if code:
+            raise CommandError("worker stopped by a second signal", returncode=code)

@@ -1,0 +1,214 @@
+"""Tables of django-jobs: jobs, their attempts, dependencies between jobs, and live workers.
+
+The partial indexes here serve the hot statements in :mod:`django_jobs.transitions`; each
+statement there names the index it relies on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, Outcome, State
+
+
+class TransactionNow(models.Func):
+    """``now()``: the transaction's start time, the clock that claims compare ``run_after`` with.
+
+    (Django's ``Now()`` is ``statement_timestamp()``, which is later inside a transaction.)
+    """
+
+    template = "now()"
+    output_field = models.DateTimeField()
+
+
+class Job(models.Model):
+    State = State
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.CharField(max_length=255, help_text="Registered name of the @job function.")
+    queue = models.CharField(max_length=100, db_default="default")
+    priority = models.SmallIntegerField(db_default=0, help_text="Higher runs first, -100..100.")
+    state = models.CharField(max_length=16, choices=State.choices, db_default=State.PENDING)
+    args = models.JSONField(db_default=models.Value([], models.JSONField()))
+    kwargs = models.JSONField(db_default=models.Value({}, models.JSONField()))
+    attempt = models.IntegerField(db_default=0, help_text="Claims so far, counted at the claim.")
+    max_attempts = models.IntegerField(db_default=3)
+    timeout = models.IntegerField(null=True, blank=True, help_text="Seconds; empty = no limit.")
+    run_after = models.DateTimeField(db_default=TransactionNow())
+    worker_id = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(db_default="", blank=True, help_text="Summary of the last error.")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    cancel_requested = models.BooleanField(db_default=False)
+
+    class Meta:
+        db_table = "django_jobs_job"
+        ordering = ["-id"]
+        permissions = [
+            ("retry_job", "Can retry jobs"),
+            ("cancel_job", "Can cancel jobs"),
+            ("run_job_now", "Can run pending jobs now"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in State]), name="job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="job_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt__gte=0, max_attempts__gte=1), name="job_attempt_counts"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt__lte=models.F("max_attempts")), name="job_attempt_le_max"
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout__isnull=True) | Q(timeout__gt=0), name="job_timeout_positive"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.RUNNING)
+                | Q(worker_id__isnull=False, started_at__isnull=False),
+                name="job_running_has_worker",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state__in=sorted(TERMINAL_STATES)) | Q(finished_at__isnull=False),
+                name="job_terminal_has_finished_at",
+            ),
+            # At most one active job per unique_key; see enqueue.py for how duplicates resolve.
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=Q(unique_key__isnull=False, state__in=sorted(ACTIVE_STATES)),
+                name="job_unique_key_active",
+            ),
+        ]
+        indexes = [
+            # Claim, any queue: an ordered scan that stops at the first unlocked ready row.
+            models.Index(
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="job_claim_idx",
+                condition=Q(state=State.PENDING),
+            ),
+            # Claim, one named queue.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="job_claim_queue_idx",
+                condition=Q(state=State.PENDING),
+            ),
+            # Reaper, heartbeat checks and startup recovery: running jobs by worker.
+            models.Index(
+                "worker_id", name="job_running_worker_idx", condition=Q(state=State.RUNNING)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.task} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def duration(self) -> Any:
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+    def refresh(self) -> Job:
+        self.refresh_from_db()
+        return self
+
+
+class Attempt(models.Model):
+    """One claim of a job: who ran it, when, and how it ended. Every error is kept."""
+
+    Outcome = Outcome
+
+    id = models.BigAutoField(primary_key=True)
+    # Indexed by attempt_job_number_idx, whose leading column is job_id.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    number = models.IntegerField()
+    worker_id = models.CharField(max_length=200)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, db_default=Outcome.RUNNING)
+    error = models.TextField(db_default="", blank=True)
+    traceback = models.TextField(db_default="", blank=True)
+
+    class Meta:
+        db_table = "django_jobs_attempt"
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(outcome__in=[o.value for o in Outcome]), name="attempt_outcome_valid"
+            ),
+            models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
+        ]
+        indexes = [models.Index("job", "number", name="attempt_job_number_idx")]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} attempt {self.number} ({self.outcome})"
+
+    @property
+    def duration(self) -> Any:
+        if self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+
+class Dependency(models.Model):
+    """``job`` may not run before ``depends_on`` is done."""
+
+    id = models.BigAutoField(primary_key=True)
+    # Indexed by the unique constraint (job, depends_on).
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="dependency_links", db_index=False
+    )
+    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependent_links")
+
+    class Meta:
+        db_table = "django_jobs_dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="dependency_unique"),
+            models.CheckConstraint(
+                condition=~Q(job=models.F("depends_on")), name="dependency_not_self"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} after #{self.depends_on_id}"
+
+
+class Worker(models.Model):
+    """The worker registry: one row per live worker process, refreshed by its heartbeat."""
+
+    id = models.CharField(max_length=200, primary_key=True)
+    name = models.CharField(max_length=200, help_text="Pod name or host, shared by boots.")
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(db_default=models.Value([], models.JSONField()))
+    concurrency = models.IntegerField(db_default=1)
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "django_jobs_worker"
+        ordering = ["name", "id"]
+        indexes = [models.Index("name", name="worker_name_idx")]
+
+    def __str__(self) -> str:
+        return self.id

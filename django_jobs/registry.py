@@ -1,0 +1,262 @@
+"""The task registry: the allow-list of functions a worker will run.
+
+A job row names a task by its registered name. Workers look that name up here and never import
+anything named by a row; an unknown name fails the attempt with a clear message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from django_jobs import conf
+from django_jobs.exceptions import InvalidOption, JobsError, UnknownTask
+
+if TYPE_CHECKING:
+    from django_jobs.models import Job
+
+BackoffPolicy = tuple[float, float] | Callable[[int], float]
+
+_UNSET: Any = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A registered job function, with its default options.
+
+    Call it to run the function inline; ``enqueue()`` it to run it on a worker.
+    ``using(...)`` returns a copy with per-call options.
+    """
+
+    func: Callable[..., Any]
+    name: str
+    queue: str
+    priority: int = 0
+    max_attempts: int | None = None
+    timeout: int | None = None
+    takes_context: bool = False
+    retry_backoff: BackoffPolicy | None = None
+    # Per-call options, set through using():
+    run_after: datetime | timedelta | None = None
+    depends_on: tuple[Any, ...] = ()
+    parent: Any = None
+    unique_key: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_options(
+            queue=self.queue,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout,
+            run_after=self.run_after,
+            unique_key=self.unique_key,
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    def using(
+        self,
+        *,
+        queue: str = _UNSET,
+        priority: int = _UNSET,
+        run_after: datetime | timedelta | None = _UNSET,
+        max_attempts: int = _UNSET,
+        timeout: int | None = _UNSET,
+        depends_on: Iterable[Any] = _UNSET,
+        parent: Any = _UNSET,
+        unique_key: str | None = _UNSET,
+    ) -> Task:
+        """Return a copy of this task with per-call options.
+
+        ``run_after`` takes an aware datetime, or a timedelta counted from the database's
+        ``now()`` at enqueue time.
+        """
+        changes: dict[str, Any] = {
+            key: value
+            for key, value in {
+                "queue": queue,
+                "priority": priority,
+                "run_after": run_after,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "parent": parent,
+                "unique_key": unique_key,
+            }.items()
+            if value is not _UNSET
+        }
+        if depends_on is not _UNSET:
+            changes["depends_on"] = tuple(depends_on)
+        return dataclasses.replace(self, **changes)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Store a job that runs ``func(*args, **kwargs)`` on a worker, and return it.
+
+        Inside ``transaction.atomic()`` the job exists only if that transaction commits.
+        """
+        from django_jobs.enqueue import enqueue
+
+        return enqueue(self, args, kwargs)
+
+    def enqueue_many(self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
+        """Store one job per ``(args, kwargs)`` pair in a single statement; return them in order."""
+        from django_jobs.enqueue import enqueue_many
+
+        return enqueue_many(self, calls)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (1-based) failed."""
+        policy = self.retry_backoff if self.retry_backoff is not None else conf.retry_backoff()
+        if callable(policy):
+            return max(0.0, float(policy(attempt)))
+        base, cap = policy
+        ceiling = min(cap, base * 2 ** max(0, attempt - 1))
+        # "Equal jitter": never less than half the delay, so retries cannot bunch up at zero.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    @property
+    def effective_max_attempts(self) -> int:
+        return self.max_attempts if self.max_attempts is not None else conf.default_max_attempts()
+
+    @property
+    def effective_timeout(self) -> int | None:
+        return self.timeout if self.timeout is not None else conf.default_timeout()
+
+
+def validate_options(
+    *,
+    queue: Any = None,
+    priority: Any = 0,
+    max_attempts: Any = None,
+    timeout: Any = None,
+    run_after: Any = None,
+    unique_key: Any = None,
+) -> None:
+    """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
+    if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
+        raise InvalidOption(
+            f"queue must be a non-empty string of at most 100 characters, not {queue!r}"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise InvalidOption(f"priority must be an integer from -100 to 100, not {priority!r}")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise InvalidOption(f"max_attempts must be an integer of at least 1, not {max_attempts!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
+    ):
+        raise InvalidOption(
+            f"timeout must be a whole number of seconds (>= 1) or None, not {timeout!r}"
+        )
+    if run_after is not None:
+        if isinstance(run_after, datetime):
+            if run_after.tzinfo is None or run_after.utcoffset() is None:
+                raise InvalidOption(
+                    "run_after must be an aware datetime (use django.utils.timezone)"
+                )
+        elif not isinstance(run_after, timedelta):
+            raise InvalidOption(f"run_after must be a datetime or a timedelta, not {run_after!r}")
+    if unique_key is not None and (
+        not isinstance(unique_key, str) or not unique_key or len(unique_key) > 255
+    ):
+        raise InvalidOption("unique_key must be a non-empty string of at most 255 characters")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    def register(self, task: Task) -> Task:
+        existing = self._tasks.get(task.name)
+        if existing is not None and _origin(existing.func) != _origin(task.func):
+            raise JobsError(
+                f"two different functions are registered as task {task.name!r}: "
+                f"{_origin(existing.func)} and {_origin(task.func)}. Give one of them a name=."
+            )
+        self._tasks[task.name] = task
+        return task
+
+    def get(self, name: str) -> Task:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTask(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def all(self) -> list[Task]:
+        return list(self._tasks.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+registry = Registry()
+
+
+@overload
+def job(func: Callable[..., Any], /) -> Task: ...
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timeout: int | None = None,
+    takes_context: bool = False,
+    retry_backoff: BackoffPolicy | None = None,
+) -> Callable[[Callable[..., Any]], Task]: ...
+def job(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timeout: int | None = None,
+    takes_context: bool = False,
+    retry_backoff: BackoffPolicy | None = None,
+) -> Task | Callable[[Callable[..., Any]], Task]:
+    """Register a function as a job task. Works bare (``@job``) or with options.
+
+    ``name`` defaults to ``module.qualname``; ``queue`` to ``JOBS_DEFAULT_QUEUE``;
+    ``max_attempts`` to ``JOBS_DEFAULT_MAX_ATTEMPTS``; ``timeout`` (seconds) to
+    ``JOBS_DEFAULT_TIMEOUT``. With ``takes_context=True`` the function receives a
+    :class:`~django_jobs.context.JobContext` as its first argument. ``retry_backoff`` is a
+    ``(base, cap)`` pair of seconds or a function of the failed attempt number.
+    """
+
+    def decorate(f: Callable[..., Any]) -> Task:
+        if not callable(f):
+            raise InvalidOption(f"@job decorates a function, not {f!r}")
+        task = Task(
+            func=f,
+            name=name or _origin(f),
+            queue=queue or conf.default_queue(),
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            takes_context=takes_context,
+            retry_backoff=retry_backoff,
+        )
+        return registry.register(task)
+
+    if func is not None:
+        return decorate(func)
+    return decorate

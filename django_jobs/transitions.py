@@ -1,0 +1,275 @@
+"""The hot SQL: claim, finish, release, heartbeat, cancel.
+
+Each function runs one statement, which PostgreSQL runs as one short transaction when the
+connection is in autocommit mode; the statement locks at most one job row, for milliseconds.
+Every write to a claimed job is *fenced*: it matches ``state = 'running'`` together with the
+attempt number and worker id of the claim, so a worker whose job was reaped and re-run cannot
+overwrite the new run. A fenced write that matches no row means "lease lost": callers log it.
+
+Functions take a DB-API cursor (a Django cursor or a psycopg one), so the worker can use its own
+connection and the admin or the reaper can use Django's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from django_jobs.states import Outcome, State
+
+JOB = "django_jobs_job"
+ATTEMPT = "django_jobs_attempt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """What identifies one claim of a job; every later write is fenced on it."""
+
+    job_id: int
+    attempt: int
+    worker_id: str
+    attempt_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedJob:
+    lease: Lease
+    task: str
+    queue: str
+    args_json: str
+    kwargs_json: str
+    max_attempts: int
+    timeout: int | None
+    parent_id: int | None
+
+    @property
+    def id(self) -> int:
+        return self.lease.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
+
+
+# Claim: pick the first ready pending job in (priority DESC, run_after, id) order, lock it with
+# SKIP LOCKED so concurrent workers pass over each other, mark it running and count the attempt,
+# and open its Attempt row: one statement, one round trip.
+# Index: job_claim_idx (any queue) or job_claim_queue_idx (one queue); both are partial on
+# state = 'pending', so finished jobs cost nothing however many there are.
+_CLAIM = f"""
+WITH claimed AS (
+    UPDATE {JOB} SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
+                     started_at = now(), finished_at = NULL, cancel_requested = false
+    WHERE id = (
+        SELECT id FROM {JOB}
+        WHERE state = 'pending' AND run_after <= now() {{queue_filter}}
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AND state = 'pending'
+    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
+              parent_id
+), opened AS (
+    INSERT INTO {ATTEMPT} (job_id, number, worker_id, started_at, outcome, error, traceback)
+    SELECT id, attempt, %(worker_id)s, now(), 'running', '', '' FROM claimed
+    RETURNING id
+)
+SELECT claimed.*, opened.id FROM claimed, opened
+"""
+_CLAIM_ANY_QUEUE = _CLAIM.format(queue_filter="")
+_CLAIM_ONE_QUEUE = _CLAIM.format(queue_filter="AND queue = %(queue)s")
+_CLAIM_SOME_QUEUES = _CLAIM.format(queue_filter="AND queue = ANY(%(queues)s)")
+
+
+def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
+    """The claim statement for a worker serving ``queues`` (``None``: every queue)."""
+    if not queues:
+        return _CLAIM_ANY_QUEUE, {}
+    if len(queues) == 1:
+        return _CLAIM_ONE_QUEUE, {"queue": queues[0]}
+    return _CLAIM_SOME_QUEUES, {"queues": list(queues)}
+
+
+def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
+    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
+    sql, params = claim_sql(queues)
+    cursor.execute(sql, {"worker_id": worker_id, **params})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    job_id, task, queue, args_json, kwargs_json, attempt, max_attempts, timeout, parent_id, aid = (
+        row
+    )
+    return ClaimedJob(
+        lease=Lease(job_id=job_id, attempt=attempt, worker_id=worker_id, attempt_id=aid),
+        task=task,
+        queue=queue,
+        args_json=args_json,
+        kwargs_json=kwargs_json,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        parent_id=parent_id,
+    )
+
+
+# Finish: end the attempt and move the job on, fenced on the lease. The new state is decided
+# here, in one place: done on success; cancelled if cancellation was asked for; pending again
+# (after the retry delay, counted from the database's now()) while attempts remain and the
+# failure is retryable; error otherwise.
+# Index: the primary key; the fence columns are checked on the one row it finds.
+_FINISH = f"""
+WITH target AS (
+    SELECT id,
+           CASE
+               WHEN %(outcome)s = 'done' THEN 'done'
+               WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
+               WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
+               ELSE 'error'
+           END AS new_state
+    FROM {JOB}
+    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+      AND worker_id = %(worker_id)s
+    FOR UPDATE
+), job AS (
+    UPDATE {JOB} j
+    SET state = t.new_state,
+        finished_at = CASE WHEN t.new_state = 'pending' THEN NULL ELSE now() END,
+        run_after = CASE WHEN t.new_state = 'pending'
+                         THEN now() + make_interval(secs => %(retry_delay)s)
+                         ELSE j.run_after END,
+        worker_id = CASE WHEN t.new_state = 'pending' THEN NULL ELSE j.worker_id END,
+        result = %(result)s::jsonb,
+        error = %(error)s
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.id, j.state
+), attempt AS (
+    UPDATE {ATTEMPT}
+    SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
+    WHERE id = %(attempt_id)s AND EXISTS (SELECT 1 FROM job)
+)
+SELECT state FROM job
+"""
+
+
+def finish(
+    cursor: Any,
+    lease: Lease,
+    outcome: str,
+    *,
+    result_json: str | None = None,
+    error: str = "",
+    traceback: str = "",
+    retryable: bool = True,
+    retry_delay: float = 0.0,
+) -> str | None:
+    """End the attempt of ``lease`` with ``outcome``; return the job's new state.
+
+    Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
+    """
+    if outcome not in Outcome.values or outcome in (Outcome.RUNNING, Outcome.RELEASED):
+        raise ValueError(f"finish() cannot end an attempt as {outcome!r}")
+    cursor.execute(
+        _FINISH,
+        {
+            "job_id": lease.job_id,
+            "attempt": lease.attempt,
+            "worker_id": lease.worker_id,
+            "attempt_id": lease.attempt_id,
+            "outcome": outcome,
+            "result": result_json if outcome == Outcome.DONE else None,
+            "error": error,
+            "traceback": traceback,
+            "retryable": retryable,
+            "retry_delay": max(0.0, float(retry_delay)),
+        },
+    )
+    row = cursor.fetchone()
+    return None if row is None else State(row[0]).value
+
+
+# Release: hand an unfinished job back at shutdown. The attempt is given back too, since the job
+# did not fail; the Attempt row stays, marked released.
+_RELEASE = f"""
+WITH job AS (
+    UPDATE {JOB}
+    SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now()
+    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+      AND worker_id = %(worker_id)s
+    RETURNING id
+), attempt AS (
+    UPDATE {ATTEMPT} SET finished_at = now(), outcome = 'released',
+                         error = 'released at worker shutdown'
+    WHERE id = %(attempt_id)s AND EXISTS (SELECT 1 FROM job)
+)
+SELECT id FROM job
+"""
+
+
+def release(cursor: Any, lease: Lease) -> bool:
+    """Put a running job back to pending without using up an attempt. False if lease lost."""
+    cursor.execute(_RELEASE, dataclasses.asdict(lease))
+    return cursor.fetchone() is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+
+
+# Heartbeat: refresh the worker's registry row (re-creating it if a reaper removed it) and, in
+# the same round trip, read back the jobs this worker believes it runs: whether it still holds
+# each lease, and whether cancellation was requested. Only the small worker table is written, so
+# job rows are not churned by heartbeats.
+# Index: the worker table's primary key; the job table's primary key for the listed ids.
+_HEARTBEAT = f"""
+WITH beat AS (
+    INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, started_at,
+                                    last_seen_at)
+    VALUES (%(id)s, %(name)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, now(), now())
+    ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
+    RETURNING id
+)
+SELECT j.id,
+       j.state = 'running' AND j.worker_id = %(id)s AND j.attempt = l.attempt AS held,
+       j.cancel_requested
+FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS l(id, attempt)
+JOIN {JOB} j ON j.id = l.id
+WHERE EXISTS (SELECT 1 FROM beat)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseStatus:
+    job_id: int
+    held: bool
+    cancel_requested: bool
+
+
+def heartbeat(cursor: Any, worker: WorkerInfo, leases: Sequence[Lease]) -> dict[int, LeaseStatus]:
+    """Record that ``worker`` is alive; report on each of its leases (missing id: job deleted)."""
+    import json
+
+    cursor.execute(
+        _HEARTBEAT,
+        {
+            **dataclasses.asdict(worker),
+            "queues": json.dumps(worker.queues),
+            "job_ids": [lease.job_id for lease in leases],
+            "attempts": [lease.attempt for lease in leases],
+        },
+    )
+    return {
+        job_id: LeaseStatus(job_id, bool(held), bool(cancel))
+        for job_id, held, cancel in cursor.fetchall()
+    }
+
+
+def unregister_worker(cursor: Any, worker_id: str) -> None:
+    cursor.execute("DELETE FROM django_jobs_worker WHERE id = %s", [worker_id])

@@ -1,0 +1,72 @@
+"""The supervisor's own PostgreSQL connection, kept apart from Django's thread-local ones.
+
+It is built from the Django settings of ``JOBS_DATABASE`` (so OPTIONS such as sslmode or a
+multi-host ``host`` apply), runs in autocommit mode, and is named after the worker id in
+``pg_stat_activity.application_name``. Errors that leave the connection unusable close it; the
+next use reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+logger = logging.getLogger("django_jobs.worker")
+
+# SQLSTATE classes and codes after which the session cannot be trusted: connection exceptions,
+# admin shutdown, and a read-only server (a failover left us on a standby).
+_FATAL_SQLSTATE_PREFIXES = ("08", "57P")
+_FATAL_SQLSTATES = {"25006"}
+
+
+def is_connection_fatal(exc: BaseException) -> bool:
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate.startswith(_FATAL_SQLSTATE_PREFIXES) or sqlstate in _FATAL_SQLSTATES
+
+
+def connection_params(alias: str, application_name: str) -> dict[str, Any]:
+    params = dict(connections[alias].get_connection_params())
+    params["application_name"] = application_name[:63]
+    params["autocommit"] = True
+    return params
+
+
+class QueueConnection:
+    def __init__(self, alias: str, application_name: str) -> None:
+        self.alias = alias
+        self.application_name = application_name
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(**connection_params(self.alias, self.application_name))
+        return self._conn
+
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[Any]:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cursor:
+                yield cursor
+        except BaseException as exc:
+            if is_connection_fatal(exc):
+                self.close()
+            elif (
+                not conn.closed
+                and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                conn.rollback()
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

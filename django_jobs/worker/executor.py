@@ -1,0 +1,148 @@
+"""Executor processes: each runs one job function at a time, and nothing else.
+
+An executor never touches the queue tables. It receives a job over a pipe from the supervisor,
+runs it with no transaction open, and sends back what happened. A job's own ORM queries use the
+executor's own Django connections. Because a job runs in its own process, the supervisor can stop
+it for real (timeout, cancellation) and survives it crashing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+from django_jobs.exceptions import Fail, Retry, UnknownTask
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """A job handed to an executor."""
+
+    job_id: int
+    task: str
+    attempt: int
+    max_attempts: int
+    worker_id: str
+    args_json: str
+    kwargs_json: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What an executor says about the job it ran."""
+
+    job_id: int
+    outcome: str  # "done" or "error"
+    result_json: str | None = None
+    error: str = ""
+    traceback: str = ""
+    retryable: bool = True
+    retry_after: float | None = None
+
+
+def run_assignment(assignment: Assignment) -> Report:
+    """Run one job function and describe the result. Never raises."""
+    from django.db import close_old_connections
+
+    from django_jobs.context import JobContext
+    from django_jobs.registry import registry
+    from django_jobs.sanitize import format_exception
+
+    job_id = assignment.job_id
+    try:
+        task = registry.get(assignment.task)
+    except UnknownTask as exc:
+        return Report(job_id, "error", error=str(exc), retryable=True)
+    try:
+        args = json.loads(assignment.args_json)
+        kwargs = json.loads(assignment.kwargs_json)
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise TypeError("args must be a JSON array and kwargs a JSON object")
+    except (ValueError, TypeError) as exc:
+        return Report(job_id, "error", error=f"bad job arguments: {exc}", retryable=False)
+
+    close_old_connections()
+    try:
+        if task.takes_context:
+            context = JobContext(
+                job_id=job_id,
+                task=assignment.task,
+                attempt=assignment.attempt,
+                max_attempts=assignment.max_attempts,
+                worker_id=assignment.worker_id,
+            )
+            args = [context, *args]
+        if task.is_async:
+            value = asyncio.run(task.func(*args, **kwargs))
+        else:
+            value = task.func(*args, **kwargs)
+    except Retry as exc:
+        return Report(
+            job_id,
+            "error",
+            error=f"Retry: {exc.reason or 'retry requested'}",
+            traceback=format_exception(exc),
+            retryable=True,
+            retry_after=exc.after,
+        )
+    except Fail as exc:
+        return Report(
+            job_id, "error", error=_summary(exc), traceback=format_exception(exc), retryable=False
+        )
+    except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt must not kill us
+        return Report(job_id, "error", error=_summary(exc), traceback=format_exception(exc))
+    finally:
+        close_old_connections()
+    try:
+        result_json = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return Report(
+            job_id,
+            "error",
+            retryable=False,
+            error=f"the job returned {type(value).__name__}, which is not JSON: {exc}",
+        )
+    return Report(job_id, "done", result_json=result_json)
+
+
+def _summary(exc: BaseException) -> str:
+    from django_jobs.sanitize import mask_text
+
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    message = str(exc)
+    return mask_text(f"{name}: {message}" if message else name)[:2000]
+
+
+def executor_main(conn: Connection, databases: dict[str, Any], settings_module: str) -> None:
+    """Entry point of an executor process (started with the ``spawn`` method)."""
+    # Ctrl-C reaches the whole process group; only the supervisor decides what stops a job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
+    from django.conf import settings
+
+    # Use exactly the databases the supervisor uses (a test run's test database, say).
+    settings.DATABASES = databases
+    import django
+
+    django.setup()
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        report = run_assignment(message)
+        try:
+            conn.send(report)
+        except (BrokenPipeError, OSError):
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -1,0 +1,652 @@
+"""The supervisor: the one process of a worker that talks to the queue.
+
+It owns a single PostgreSQL connection (autocommit, so every statement is its own short
+transaction) for claims, finishes, releases and heartbeats, and hands claimed jobs to a pool of
+executor processes over pipes. No transaction is open and no lock is held while a job runs.
+
+One loop, no threads: wait on the executors' pipes and process sentinels, a signal wake-up
+socket and a timer; then react. Writes that fail because the database is away are kept in an
+outbox and retried with backoff, so a finished job's result survives a database restart.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from django.conf import settings
+
+from django_jobs import conf, transitions
+from django_jobs.registry import registry
+from django_jobs.states import Outcome
+from django_jobs.transitions import ClaimedJob, WorkerInfo
+from django_jobs.worker.connection import QueueConnection, is_connection_fatal
+from django_jobs.worker.executor import Assignment, Report, executor_main
+from django_jobs.worker.identity import base_name, new_worker_id
+
+logger = logging.getLogger("django_jobs.worker")
+
+# Why an executor was stopped by the supervisor, and the attempt outcome that follows.
+STOP_TIMEOUT = "timeout"
+STOP_CANCELLED = "cancelled"
+STOP_SHUTDOWN = "shutdown"
+STOP_LEASE_LOST = "lease_lost"
+
+
+@dataclasses.dataclass
+class Slot:
+    """One executor process and the job it is running, if any."""
+
+    index: int
+    process: BaseProcess
+    conn: Connection
+    ready: bool = False
+    job: ClaimedJob | None = None
+    started: float = 0.0
+    deadline: float | None = None
+    stop_reason: str | None = None
+    kill_at: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    claimed: int = 0
+    done: int = 0
+    failed: int = 0
+    lost_leases: int = 0
+
+
+class Supervisor:
+    """Run jobs from ``queues`` (all queues when empty) with ``concurrency`` executors."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        name: str | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        poll_interval: float | None = None,
+        grace: float = 25.0,
+        install_signals: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.queues = list(queues or [])
+        self.concurrency = concurrency
+        self.name = base_name(name)
+        self.worker_id = new_worker_id(self.name)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.poll_interval = conf.poll_interval() if poll_interval is None else poll_interval
+        self.grace = grace
+        self.install_signals = install_signals
+        self.heartbeat_interval = conf.heartbeat_interval()
+        self.worker_timeout = conf.worker_timeout()
+        self.kill_grace = conf.kill_grace()
+
+        self.db = QueueConnection(conf.database_alias(), self.worker_id)
+        self.info = WorkerInfo(
+            id=self.worker_id,
+            name=self.name,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=concurrency,
+        )
+        self.stats = WorkerStats()
+        self.slots: list[Slot] = []
+        self.outbox: collections.deque[tuple[str, Callable[[Any], None]]] = collections.deque()
+        self.stopping = False
+        self.hard_stop = False
+        self.grace_deadline: float | None = None
+        self.queue_may_have_work = True
+        self.next_poll = 0.0
+        self.next_heartbeat = 0.0
+        self.last_heartbeat_ok = time.monotonic()
+        self.db_retry_at = 0.0
+        self.db_failures = 0
+        self._mp = multiprocessing.get_context("spawn")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        """Serve jobs until stopped; return the process exit code."""
+        previous_handlers = self._install_signal_handlers() if self.install_signals else None
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d%s",
+            self.worker_id,
+            ",".join(self.queues) or "*",
+            self.concurrency,
+            " burst" if self.burst else "",
+            extra={"worker_id": self.worker_id},
+        )
+        try:
+            self.slots = [self._spawn(i) for i in range(self.concurrency)]
+            self._heartbeat()
+            while not self._finished():
+                self._step()
+            return 1 if self.hard_stop else 0
+        finally:
+            self._shutdown_executors(force=self.hard_stop)
+            if not self.hard_stop:
+                self._db_call(
+                    "unregister", lambda c: transitions.unregister_worker(c, self.worker_id)
+                )
+            self.db.close()
+            if previous_handlers:
+                self._restore_signal_handlers(previous_handlers)
+            logger.info(
+                "worker %s stopped: %d claimed, %d done, %d failed, %d leases lost",
+                self.worker_id,
+                self.stats.claimed,
+                self.stats.done,
+                self.stats.failed,
+                self.stats.lost_leases,
+                extra={"worker_id": self.worker_id},
+            )
+
+    def request_stop(self) -> None:
+        """Stop claiming; let running jobs finish within the grace period. Thread-safe."""
+        if not self.stopping:
+            self.stopping = True
+            self.grace_deadline = time.monotonic() + self.grace
+        self._wake()
+
+    def _finished(self) -> bool:
+        if self.hard_stop:
+            return True
+        busy = any(slot.busy for slot in self.slots)
+        if busy or (self.outbox and not self._outbox_hopeless()):
+            return False
+        if self.stopping:
+            return True
+        if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
+            return True
+        return self.burst and not self.queue_may_have_work
+
+    def _outbox_hopeless(self) -> bool:
+        # While stopping, don't wait forever for a database that is gone: the reaper will
+        # recover whatever these writes would have recorded.
+        return (
+            self.stopping
+            and self.grace_deadline is not None
+            and (time.monotonic() > self.grace_deadline + 30)
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        if self.outbox:
+            self._flush_outbox()
+        if now >= self.next_heartbeat:
+            self._heartbeat()
+        if now >= self.next_poll:
+            self.queue_may_have_work = True
+        self._fill_slots()
+        self._wait(self._next_timeout())
+        self._enforce_deadlines()
+
+    def _can_claim(self) -> bool:
+        if self.stopping or self.hard_stop:
+            return False
+        if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
+            return False
+        if time.monotonic() < self.db_retry_at:
+            return False
+        # A worker that cannot prove it is alive may already have been reaped: take nothing new.
+        return time.monotonic() - self.last_heartbeat_ok <= self.worker_timeout
+
+    def _fill_slots(self) -> None:
+        while self.queue_may_have_work and self._can_claim():
+            slot = next((s for s in self.slots if s.ready and not s.busy), None)
+            if slot is None:
+                return
+            job = self._db_call(
+                "claim", lambda c: transitions.claim(c, self.worker_id, self.queues)
+            )
+            if job is _FAILED:
+                return
+            if job is None:
+                self.queue_may_have_work = False
+                self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
+                return
+            self.stats.claimed += 1
+            self._start(slot, job)
+
+    def _start(self, slot: Slot, job: ClaimedJob) -> None:
+        logger.info(
+            "job %d claimed: task=%s queue=%s attempt=%d/%d",
+            job.id,
+            job.task,
+            job.queue,
+            job.attempt,
+            job.max_attempts,
+            extra=_job_fields(job, self.worker_id),
+        )
+        if job.task not in registry:
+            # Never hand an executor a name it would have to import: fail the attempt here.
+            self._record(job, Report(job.id, Outcome.ERROR, error=str(_unknown(job.task))), 0.0)
+            return
+        slot.job = job
+        slot.started = time.monotonic()
+        slot.deadline = slot.started + job.timeout if job.timeout else None
+        slot.stop_reason = None
+        slot.kill_at = None
+        # If the executor died between jobs, the send fails; its sentinel reports the crash.
+        with contextlib.suppress(OSError):
+            slot.conn.send(
+                Assignment(
+                    job_id=job.id,
+                    task=job.task,
+                    attempt=job.attempt,
+                    max_attempts=job.max_attempts,
+                    worker_id=self.worker_id,
+                    args_json=job.args_json,
+                    kwargs_json=job.kwargs_json,
+                )
+            )
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        moments = [self.next_heartbeat]
+        if not self.queue_may_have_work or not self._can_claim():
+            moments.append(self.next_poll)
+        if self.outbox or time.monotonic() < self.db_retry_at:
+            moments.append(max(self.db_retry_at, now + 0.05))
+        for slot in self.slots:
+            if slot.deadline is not None and slot.stop_reason is None:
+                moments.append(slot.deadline)
+            if slot.kill_at is not None:
+                moments.append(slot.kill_at)
+        if self.grace_deadline is not None:
+            moments.append(self.grace_deadline)
+        return max(0.0, min(moments) - now)
+
+    def _wait(self, timeout: float) -> None:
+        waitables: list[Any] = [self._wake_r]
+        for slot in self.slots:
+            waitables.append(slot.conn)
+            waitables.append(slot.process.sentinel)
+        ready = wait(waitables, timeout)
+        if self._wake_r in ready:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+        for slot in list(self.slots):
+            if slot.conn in ready:
+                self._receive(slot)
+        for slot in list(self.slots):
+            if slot.process.sentinel in ready and not slot.process.is_alive():
+                self._executor_died(slot)
+
+    def _receive(self, slot: Slot) -> None:
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            return  # the sentinel reports the death
+        if message == "ready":
+            slot.ready = True
+            return
+        job = slot.job
+        if job is None or not isinstance(message, Report) or message.job_id != job.id:
+            logger.error("executor %d sent an unexpected message: %r", slot.index, message)
+            return
+        # Record what the job did even if it was being stopped at that moment: a finished job's
+        # result beats a timeout. If the lease was lost meanwhile, the fenced write says so.
+        elapsed = time.monotonic() - slot.started
+        slot.job = None
+        slot.deadline = None
+        self._record(job, message, elapsed)
+
+    def _executor_died(self, slot: Slot) -> None:
+        job = slot.job
+        code = slot.process.exitcode
+        elapsed = time.monotonic() - slot.started
+        reason = slot.stop_reason
+        if job is not None:
+            if reason == STOP_TIMEOUT:
+                self._record(
+                    job,
+                    Report(
+                        job.id,
+                        Outcome.TIMEOUT,
+                        error=f"timed out after {job.timeout}s and was stopped",
+                    ),
+                    elapsed,
+                )
+            elif reason == STOP_CANCELLED:
+                self._record(
+                    job, Report(job.id, Outcome.CANCELLED, error="cancelled while running"), elapsed
+                )
+            elif reason == STOP_SHUTDOWN:
+                self._release(job)
+            elif reason == STOP_LEASE_LOST:
+                self._lease_lost(job, "stopped: its lease was lost")
+            else:
+                self._record(
+                    job,
+                    Report(
+                        job.id,
+                        Outcome.CRASHED,
+                        error=f"the job's process died ({_describe_exit(code)})",
+                    ),
+                    elapsed,
+                )
+        elif reason is None and not self.stopping:
+            logger.warning(
+                "executor %d exited (%s); replacing it", slot.index, _describe_exit(code)
+            )
+        slot.conn.close()
+        if not (self.stopping or self.hard_stop):
+            self.slots[self.slots.index(slot)] = self._spawn(slot.index)
+        else:
+            self.slots.remove(slot)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.job is None:
+                continue
+            if slot.deadline is not None and now >= slot.deadline and slot.stop_reason is None:
+                logger.warning(
+                    "job %d timed out after %ss: stopping it",
+                    slot.job.id,
+                    slot.job.timeout,
+                    extra=_job_fields(slot.job, self.worker_id),
+                )
+                self._stop_executor(slot, STOP_TIMEOUT)
+            if (
+                self.grace_deadline is not None
+                and now >= self.grace_deadline
+                and slot.stop_reason is None
+            ):
+                logger.warning(
+                    "job %d still running at the end of the grace period: releasing it",
+                    slot.job.id,
+                    extra=_job_fields(slot.job, self.worker_id),
+                )
+                self._stop_executor(slot, STOP_SHUTDOWN)
+            if slot.kill_at is not None and now >= slot.kill_at and slot.process.is_alive():
+                slot.process.kill()
+                slot.kill_at = None
+
+    def _stop_executor(self, slot: Slot, reason: str) -> None:
+        slot.stop_reason = reason
+        slot.kill_at = time.monotonic() + self.kill_grace
+        slot.ready = False
+        if slot.process.is_alive():
+            slot.process.terminate()
+
+    # ------------------------------------------------------------------ queue writes
+
+    def _record(self, job: ClaimedJob, report: Report, elapsed: float) -> None:
+        """Turn an executor's report into the job's finish write (queued in the outbox)."""
+        retry_delay = 0.0
+        if report.outcome != Outcome.DONE and report.retryable:
+            task = registry._tasks.get(job.task)
+            if report.retry_after is not None:
+                retry_delay = report.retry_after
+            elif task is not None:
+                retry_delay = task.backoff(job.attempt)
+            else:
+                retry_delay = conf.retry_backoff()[0]
+
+        def write(cursor: Any) -> None:
+            state = transitions.finish(
+                cursor,
+                job.lease,
+                report.outcome,
+                result_json=report.result_json,
+                error=report.error,
+                traceback=report.traceback,
+                retryable=report.retryable,
+                retry_delay=retry_delay,
+            )
+            fields = {**_job_fields(job, self.worker_id), "duration": round(elapsed, 3)}
+            if state is None:
+                self._lease_lost(job, f"could not record outcome {report.outcome}")
+            elif state == "done":
+                self.stats.done += 1
+                logger.info(
+                    "job %d done in %.3fs", job.id, elapsed, extra={**fields, "state": state}
+                )
+            elif state == "pending":
+                self.stats.failed += 1
+                logger.warning(
+                    "job %d attempt %d failed (%s): %s; retrying in %.1fs",
+                    job.id,
+                    job.attempt,
+                    report.outcome,
+                    report.error,
+                    retry_delay,
+                    extra={**fields, "state": state},
+                )
+            else:
+                self.stats.failed += 1
+                logger.warning(
+                    "job %d ended %s after %d attempt(s) (%s): %s",
+                    job.id,
+                    state,
+                    job.attempt,
+                    report.outcome,
+                    report.error,
+                    extra={**fields, "state": state},
+                )
+
+        self.outbox.append((f"finish job {job.id}", write))
+        self._flush_outbox()
+
+    def _release(self, job: ClaimedJob) -> None:
+        def write(cursor: Any) -> None:
+            if transitions.release(cursor, job.lease):
+                logger.info(
+                    "job %d released for another worker",
+                    job.id,
+                    extra=_job_fields(job, self.worker_id),
+                )
+            else:
+                self._lease_lost(job, "could not be released")
+
+        self.outbox.append((f"release job {job.id}", write))
+        self._flush_outbox()
+
+    def _lease_lost(self, job: ClaimedJob, what: str) -> None:
+        self.stats.lost_leases += 1
+        logger.warning(
+            "job %d lease lost (attempt %d): %s; another run owns the job now",
+            job.id,
+            job.attempt,
+            what,
+            extra=_job_fields(job, self.worker_id),
+        )
+
+    def _flush_outbox(self) -> None:
+        while self.outbox and time.monotonic() >= self.db_retry_at:
+            description, write = self.outbox[0]
+            if self._db_call(description, write) is _FAILED:
+                return
+            self.outbox.popleft()
+
+    def _heartbeat(self) -> None:
+        self.next_heartbeat = time.monotonic() + self.heartbeat_interval
+        leases = [slot.job.lease for slot in self.slots if slot.job is not None]
+        statuses = self._db_call("heartbeat", lambda c: transitions.heartbeat(c, self.info, leases))
+        if statuses is _FAILED:
+            return
+        self.last_heartbeat_ok = time.monotonic()
+        for slot in self.slots:
+            job = slot.job
+            if job is None or slot.stop_reason is not None:
+                continue
+            status = statuses.get(job.id)
+            if status is None or not status.held:
+                self._stop_executor(slot, STOP_LEASE_LOST)
+            elif status.cancel_requested:
+                logger.info(
+                    "job %d cancellation requested: stopping it",
+                    job.id,
+                    extra=_job_fields(job, self.worker_id),
+                )
+                self._stop_executor(slot, STOP_CANCELLED)
+
+    def _db_call(self, description: str, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(cursor)``; on a database error, back off and return ``_FAILED``."""
+        try:
+            with self.db.cursor() as cursor:
+                result = fn(cursor)
+        except Exception as exc:
+            self.db_failures += 1
+            delay = min(30.0, 0.5 * 2 ** min(self.db_failures, 6)) * random.uniform(0.5, 1.0)
+            self.db_retry_at = time.monotonic() + delay
+            level = logging.WARNING if is_connection_fatal(exc) else logging.ERROR
+            logger.log(
+                level,
+                "database error during %s (%s: %s); retrying in %.1fs",
+                description,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc) else "",
+                delay,
+            )
+            return _FAILED
+        if self.db_failures:
+            logger.info("database reachable again after %d failed attempt(s)", self.db_failures)
+        self.db_failures = 0
+        self.db_retry_at = 0.0
+        return result
+
+    # ------------------------------------------------------------------ executors
+
+    def _spawn(self, index: int) -> Slot:
+        parent_conn, child_conn = self._mp.Pipe(duplex=True)
+        process = self._mp.Process(
+            target=executor_main,
+            args=(child_conn, _picklable_databases(), os.environ.get("DJANGO_SETTINGS_MODULE", "")),
+            name=f"django-jobs-executor-{index}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        return Slot(index=index, process=process, conn=parent_conn)
+
+    def _shutdown_executors(self, *, force: bool) -> None:
+        for slot in self.slots:
+            if force:
+                slot.process.kill()
+            else:
+                with contextlib.suppress(OSError):
+                    slot.conn.send(None)
+        deadline = time.monotonic() + 5
+        for slot in self.slots:
+            slot.process.join(max(0.0, deadline - time.monotonic()))
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join(1)
+            slot.conn.close()
+
+    # ------------------------------------------------------------------ signals
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        previous[-1] = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(previous.pop(-1))
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping:
+            logger.warning("%s again: exiting now; the reaper will recover running jobs", name)
+            self.hard_stop = True
+        else:
+            running = sum(1 for slot in self.slots if slot.busy)
+            logger.info(
+                "%s: no new jobs; waiting up to %.0fs for %d running job(s)",
+                name,
+                self.grace,
+                running,
+            )
+            self.request_stop()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+
+_FAILED: Any = object()
+
+
+def _unknown(task: str) -> Exception:
+    from django_jobs.exceptions import UnknownTask
+
+    return UnknownTask(task)
+
+
+def _job_fields(job: ClaimedJob, worker_id: str) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "task": job.task,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "worker_id": worker_id,
+    }
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _picklable_databases() -> dict[str, Any]:
+    # Settings dicts are plain data; a round trip through JSON proves it before a spawn fails.
+    databases = settings.DATABASES
+    try:
+        json.dumps(databases)
+        return databases
+    except TypeError:
+        return {
+            alias: {k: v for k, v in db.items() if _plain(v)} for alias, db in databases.items()
+        }
+
+
+def _plain(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except TypeError:
+        return False

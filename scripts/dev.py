@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""One entry point for a fresh checkout: set up, then run the demo or the test suite.
+
+    python3 scripts/dev.py demo         # migrate, enqueue example jobs, run a worker, summarize
+    python3 scripts/dev.py test [ARGS]  # the whole test suite (ARGS go to pytest)
+
+It creates ``.venv`` with the running Python and installs the project with its test extras
+(again only when pyproject.toml changes). With ``DATABASE_URL`` unset it starts an embedded
+PostgreSQL in ``.pgdata/`` (from the ``pgserver`` package) and stops it afterwards; with
+``DATABASE_URL`` set it uses that server, creating the database if it does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("DJANGO_JOBS_VENV", ROOT / ".venv"))
+PGDATA = ROOT / ".pgdata"
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script must explain itself on old Pythons
+        sys.exit("django-jobs needs Python 3.11 or newer")
+    if not venv_python().exists():
+        say(f"creating {VENV.relative_to(ROOT) if VENV.is_relative_to(ROOT) else VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / ".django-jobs-installed"
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    say("installing django-jobs and its test dependencies")
+    subprocess.run(
+        [
+            str(venv_python()),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-e",
+            f"{ROOT}[dev]",
+        ],
+        check=True,
+    )
+    stamp.write_text(wanted)
+
+
+class EmbeddedPostgres:
+    """A throwaway PostgreSQL in .pgdata, for machines where DATABASE_URL is not set."""
+
+    def __init__(self) -> None:
+        self.server = None
+
+    def start(self) -> str:
+        try:
+            import pgserver
+        except ImportError:
+            sys.exit(
+                "DATABASE_URL is not set and the embedded PostgreSQL (the pgserver package, "
+                f"available for Python 3.11 and 3.12) is not installed for Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}. Set DATABASE_URL to a "
+                "PostgreSQL 13+ server, e.g. postgres://postgres@127.0.0.1:5432/django_jobs"
+            )
+        say(f"starting an embedded PostgreSQL in {PGDATA.name}/")
+        self.server = pgserver.get_server(PGDATA, cleanup_mode="stop")
+        uri = self.server.get_uri()
+        # pgserver names a socket directory as host; Django wants the database in the path.
+        parts = urlsplit(uri)
+        return urlunsplit((parts.scheme, parts.netloc, "/django_jobs", parts.query, ""))
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.cleanup()
+
+
+def ensure_database(url: str) -> None:
+    """Create the database named by ``url`` if it does not exist."""
+    import environ
+    import psycopg
+    from psycopg import sql
+
+    config = environ.Env.db_url_config(url)
+    name = config["NAME"]
+    params = {
+        "dbname": "postgres",
+        "user": config.get("USER") or None,
+        "password": config.get("PASSWORD") or None,
+        "host": config.get("HOST") or None,
+        "port": config.get("PORT") or None,
+        "autocommit": True,
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = psycopg.connect(**{k: v for k, v in params.items() if v is not None})
+            break
+        except psycopg.OperationalError as exc:
+            if time.monotonic() > deadline:
+                sys.exit(f"cannot connect to PostgreSQL for {url}: {exc}")
+            time.sleep(0.5)
+    with conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            say(f"creating database {name}")
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+
+
+def inside(command: str, extra: list[str]) -> int:
+    embedded = None
+    if not os.environ.get("DATABASE_URL"):
+        embedded = EmbeddedPostgres()
+        os.environ["DATABASE_URL"] = embedded.start()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    try:
+        ensure_database(os.environ["DATABASE_URL"])
+        if command == "demo":
+            manage("migrate", "--verbosity", "0")
+            manage("rundemo", *extra)
+            return 0
+        say("running the test suite")
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *extra], cwd=ROOT, check=False
+        ).returncode
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "_inside"}:
+        print(__doc__)
+        return 2
+    if sys.argv[1] == "_inside":
+        return inside(sys.argv[2], sys.argv[3:])
+    ensure_venv()
+    python = str(venv_python())
+    return subprocess.run([python, __file__, "_inside", *sys.argv[1:]], check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

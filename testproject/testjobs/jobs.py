@@ -1,0 +1,107 @@
+"""Jobs the test suite enqueues: each does one thing that a test wants to observe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from django_jobs import Fail, Retry, job
+from django_jobs.context import JobContext
+from testproject.testjobs.models import Execution
+
+
+@job(name="tests.noop")
+def noop() -> None:
+    return None
+
+
+@job(name="tests.echo", max_attempts=1)
+def echo(*args: Any, **kwargs: Any) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@job(name="tests.sleep", max_attempts=1)
+def sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@job(name="tests.fail", max_attempts=1)
+def fail(message: str = "boom") -> None:
+    raise ValueError(message)
+
+
+@job(name="tests.fail_hard", max_attempts=5)
+def fail_hard(message: str = "permanent") -> None:
+    raise Fail(message)
+
+
+@job(name="tests.retry_then_succeed", max_attempts=3, retry_backoff=(1.0, 1.0), takes_context=True)
+def retry_then_succeed(context: JobContext, succeed_on: int = 2) -> int:
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    return context.attempt
+
+
+@job(name="tests.ask_retry", max_attempts=2, takes_context=True)
+def ask_retry(context: JobContext, after: float = 0.5) -> str:
+    if context.attempt == 1:
+        raise Retry(after=after, reason="not yet")
+    return "second time lucky"
+
+
+@job(name="tests.record", takes_context=True)
+def record(context: JobContext, note: str = "", seconds: float = 0.0) -> int:
+    """Write one ledger row per execution, then optionally sleep."""
+    Execution.objects.create(
+        job_id=context.job_id,
+        attempt=context.attempt,
+        worker_id=context.worker_id,
+        pid=os.getpid(),
+        note=note,
+    )
+    if seconds:
+        time.sleep(seconds)
+    return context.attempt
+
+
+@job(name="tests.crash", max_attempts=1)
+def crash(code: int = 3) -> None:
+    os._exit(code)
+
+
+@job(name="tests.segfault", max_attempts=1)
+def segfault() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@job(name="tests.stubborn_sleep", max_attempts=1)
+def stubborn_sleep(seconds: float) -> None:
+    """Ignores SIGTERM, so only SIGKILL stops it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+
+
+@job(name="tests.unserializable", max_attempts=1)
+def unserializable() -> object:
+    return object()
+
+
+@job(name="tests.leak_secret", max_attempts=1)
+def leak_secret(password: str) -> None:
+    raise RuntimeError(f"login failed with password={password} for postgres://bob:{password}@db/x")
+
+
+@job(name="tests.context", takes_context=True, max_attempts=2)
+def context_job(context: JobContext) -> dict:
+    return {"job_id": context.job_id, "attempt": context.attempt, "worker_id": context.worker_id}
+
+
+@job(name="tests.async_echo", max_attempts=1)
+async def async_echo(value: Any) -> Any:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return value

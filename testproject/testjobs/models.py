@@ -1,0 +1,18 @@
+from django.db import models
+
+
+class Execution(models.Model):
+    """A ledger of job executions, written by the job itself, for exactly-once checks."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    attempt = models.IntegerField()
+    worker_id = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "testjobs_execution"
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}"

@@ -1,0 +1,124 @@
+"""Fixtures shared by the suite. Everything runs against a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The URL of the database the tests use (pytest-django's test database)."""
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "", safe="")
+    password = quote(s.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = quote(s.get("HOST") or "", safe="")
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{s['NAME']}"
+
+
+def connect(**kwargs: Any) -> psycopg.Connection[Any]:
+    """A separate, plain psycopg connection to the test database (autocommit)."""
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True, **kwargs)
+
+
+class WorkerProcess:
+    """A ``manage.py runjobworker`` subprocess on the test database."""
+
+    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+        self.name = name
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runjobworker", "--worker-id", name, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._output: str | None = None
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, _ = self.proc.communicate()
+            self._output = out
+            raise AssertionError(f"worker {self.name} did not exit in {timeout}s:\n{out}") from None
+        self._output = out
+        return self.proc.returncode
+
+    @property
+    def output(self) -> str:
+        assert self._output is not None, "wait() first"
+        return self._output
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: supervisor and executors."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def start_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``runjobworker`` subprocesses; any left running are killed at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(
+        *args: str, name: str | None = None, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        worker = WorkerProcess(
+            list(args), {**worker_env, **(env or {})}, name or f"t{uuid.uuid4().hex[:8]}"
+        )
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.kill()
+            worker.proc.communicate()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

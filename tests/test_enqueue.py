@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils import timezone
+
+from django_jobs import InvalidOption, InvalidPayload, UnknownTask
+from django_jobs.enqueue import enqueue
+from django_jobs.models import Job
+from testproject.examples.jobs import build_report
+from testproject.testjobs.jobs import echo
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_returns_the_stored_job() -> None:
+    job = build_report.enqueue(42, fmt="csv")
+    stored = Job.objects.get(pk=job.pk)
+    assert stored.task == "testproject.examples.jobs.build_report"
+    assert (stored.queue, stored.priority, stored.max_attempts, stored.timeout) == (
+        "reports",
+        0,
+        2,
+        120,
+    )
+    assert (stored.args, stored.kwargs) == ([42], {"fmt": "csv"})
+    assert stored.state == Job.State.PENDING and stored.attempt == 0
+    assert job.created_at == stored.created_at and job.run_after == stored.run_after
+
+
+def test_using_sets_priority_and_an_absolute_run_after() -> None:
+    at = timezone.now() + timedelta(hours=2)
+    job = build_report.using(priority=50, run_after=at).enqueue(7)
+    stored = Job.objects.get(pk=job.pk)
+    assert stored.priority == 50
+    assert stored.run_after == at
+
+
+def test_a_relative_run_after_is_counted_from_database_time() -> None:
+    job = echo.using(run_after=timedelta(minutes=10)).enqueue()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after - now() FROM django_jobs_job WHERE id = %s", [job.pk])
+        (delay,) = cursor.fetchone()
+    assert delay == timedelta(minutes=10)
+
+
+def test_enqueue_many_inserts_in_one_statement_and_keeps_order() -> None:
+    with CaptureQueriesContext(connection) as queries:
+        jobs = echo.enqueue_many(((i,), {"n": i}) for i in range(500))
+    assert len(queries) == 1
+    assert [j.args for j in jobs] == [[i] for i in range(500)]
+    stored = list(
+        Job.objects.filter(task="tests.echo").order_by("id").values_list("args", "kwargs")
+    )
+    assert stored == [([i], {"n": i}) for i in range(500)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_enqueued_in_a_rolled_back_transaction_never_existed() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        echo.enqueue("lost")
+        raise RuntimeError("abort")
+    assert not Job.objects.exists()
+
+    with transaction.atomic():
+        kept = echo.enqueue("kept")
+    assert Job.objects.get().pk == kept.pk
+
+
+def test_enqueueing_an_unregistered_task_raises_and_writes_nothing() -> None:
+    with pytest.raises(UnknownTask):
+        enqueue("somewhere.not_a_task", [1])
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ([{1, 2}], {}, r"args\[0\] is a set, which is not JSON"),
+        ([object()], {}, "is a object, which is not JSON"),
+        ([float("nan")], {}, "which JSON cannot represent"),
+        ([], {"when": timezone.now()}, r"kwargs\['when'\] is a datetime"),
+        ([{1: "a"}], {}, "JSON object keys must be strings"),
+    ],
+)
+def test_non_json_arguments_are_refused_and_nothing_is_written(args, kwargs, message) -> None:
+    with pytest.raises(InvalidPayload, match=message):
+        echo.enqueue(*args, **kwargs)
+    assert not Job.objects.exists()
+
+
+@override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
+def test_arguments_over_the_size_cap_are_refused() -> None:
+    echo.enqueue("x" * 900)
+    with pytest.raises(InvalidPayload, match="over JOBS_MAX_PAYLOAD_BYTES"):
+        echo.enqueue("x" * 1000)
+    with pytest.raises(InvalidPayload):
+        echo.enqueue_many([(("ok",), {}), (("x" * 1000,), {})])
+    assert Job.objects.count() == 1
+
+
+def test_tuples_become_lists() -> None:
+    job = echo.enqueue((1, 2), nested={"t": (3,)})
+    assert Job.objects.get(pk=job.pk).args == [[1, 2]]
+    assert Job.objects.get(pk=job.pk).kwargs == {"nested": {"t": [3]}}
+
+
+def test_unique_key_returns_the_active_job_instead_of_a_duplicate() -> None:
+    first = echo.using(unique_key="report:1").enqueue(1)
+    second = echo.using(unique_key="report:1").enqueue(2)
+    assert second.pk == first.pk
+    assert Job.objects.count() == 1
+
+
+def test_depends_on_is_refused_until_supported() -> None:
+    parent = echo.enqueue()
+    with pytest.raises(InvalidOption):
+        echo.using(depends_on=[parent]).enqueue()

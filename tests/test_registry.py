@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from django_jobs import InvalidOption, JobsError, Task, UnknownTask, job
+from django_jobs.registry import registry
+from testproject.examples.jobs import build_report
+
+
+def test_bare_decorator_registers_under_module_and_qualname() -> None:
+    @job
+    def tidy_up() -> None: ...
+
+    assert isinstance(tidy_up, Task)
+    assert (
+        tidy_up.name
+        == f"{__name__}.test_bare_decorator_registers_under_module_and_qualname.<locals>.tidy_up"
+    )
+    assert registry.get(tidy_up.name) is tidy_up
+    assert tidy_up.queue == "default"
+
+
+def test_decorator_options_are_kept() -> None:
+    assert build_report.queue == "reports"
+    assert build_report.timeout == 120
+    assert build_report.max_attempts == 2
+    assert build_report(1, pages=0) == {"report_id": 1, "pages": 0, "url": "/reports/1.pdf"}
+
+
+def test_using_returns_a_copy_with_call_options() -> None:
+    custom = build_report.using(priority=50, queue="urgent", run_after=timedelta(minutes=5))
+    assert (custom.priority, custom.queue, custom.run_after) == (50, "urgent", timedelta(minutes=5))
+    assert (build_report.priority, build_report.queue, build_report.run_after) == (
+        0,
+        "reports",
+        None,
+    )
+    assert custom.name == build_report.name
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": 101}, "priority must be an integer from -100 to 100"),
+        ({"priority": "high"}, "priority must be an integer"),
+        ({"max_attempts": 0}, "max_attempts must be an integer of at least 1"),
+        ({"timeout": 0}, "timeout must be a whole number of seconds"),
+        ({"queue": ""}, "queue must be a non-empty string"),
+        ({"run_after": datetime(2030, 1, 1)}, "run_after must be an aware datetime"),
+        ({"run_after": "tomorrow"}, "run_after must be a datetime or a timedelta"),
+    ],
+)
+def test_bad_options_are_refused_with_a_clear_message(options: dict, message: str) -> None:
+    with pytest.raises(InvalidOption, match=message):
+        build_report.using(**options)
+
+
+def test_two_functions_cannot_share_a_name() -> None:
+    @job(name="tests.clash")
+    def first() -> None: ...
+
+    with pytest.raises(JobsError, match="two different functions are registered"):
+
+        @job(name="tests.clash")
+        def second() -> None: ...
+
+
+def test_unknown_name_raises_with_advice() -> None:
+    with pytest.raises(UnknownTask, match="no @job function is registered under that name"):
+        registry.get("nope.missing")
+
+
+def test_backoff_grows_exponentially_within_jitter_and_cap() -> None:
+    task = Task(func=lambda: None, name="unregistered", queue="q", retry_backoff=(2.0, 10.0))
+    for attempt, ceiling in [(1, 2.0), (2, 4.0), (3, 8.0), (4, 10.0), (9, 10.0)]:
+        delays = [task.backoff(attempt) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)

@@ -1,0 +1,222 @@
+"""The hot statements, driven directly: claim order, SKIP LOCKED, fencing, plans."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_jobs import transitions
+from django_jobs.models import Attempt, Job
+from django_jobs.states import Outcome
+from tests.conftest import connect
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "test-worker:1:aaaaaa"
+
+
+def claim(queues=None, worker=WORKER):
+    with connection.cursor() as cursor:
+        return transitions.claim(cursor, worker, queues)
+
+
+def test_claim_marks_running_counts_the_attempt_and_opens_an_attempt_row() -> None:
+    job = JobFactory(args=[1, "two"], kwargs={"k": True})
+    claimed = claim()
+    assert claimed.id == job.pk and claimed.attempt == 1
+    assert (json.loads(claimed.args_json), json.loads(claimed.kwargs_json)) == (
+        [1, "two"],
+        {"k": True},
+    )
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING and job.attempt == 1 and job.worker_id == WORKER
+    assert job.started_at is not None
+    attempt = Attempt.objects.get(pk=claimed.lease.attempt_id)
+    assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.outcome) == (
+        job.pk,
+        1,
+        WORKER,
+        Outcome.RUNNING,
+    )
+
+
+def test_claim_order_is_priority_then_run_after_then_fifo() -> None:
+    now = timezone.now()
+    low = JobFactory(priority=-5, run_after=now - timedelta(hours=1))
+    old = JobFactory(priority=0, run_after=now - timedelta(minutes=10))
+    first_fifo = JobFactory(priority=0, run_after=now - timedelta(minutes=1))
+    second_fifo = JobFactory(priority=0, run_after=first_fifo.run_after)
+    high = JobFactory(priority=10, run_after=now)
+    order = [claim().id for _ in range(5)]
+    assert order == [high.pk, old.pk, first_fifo.pk, second_fifo.pk, low.pk]
+    assert claim() is None
+
+
+def test_claim_skips_future_jobs_other_queues_and_non_pending_states() -> None:
+    JobFactory(run_after=timezone.now() + timedelta(minutes=5))
+    JobFactory(queue="other")
+    JobFactory(state=Job.State.WAITING)
+    JobFactory(finished=True)
+    assert claim(["default"]) is None
+    assert claim(["default", "reports"]) is None
+    assert claim(["other"]) is not None
+
+
+def test_claim_with_several_queues() -> None:
+    a = JobFactory(queue="a")
+    b = JobFactory(queue="b", priority=5)
+    JobFactory(queue="c")
+    assert [claim(["a", "b"]).id, claim(["a", "b"]).id, claim(["a", "b"])] == [b.pk, a.pk, None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_job_is_skipped_not_waited_for() -> None:
+    locked, free = JobFactory(), JobFactory()
+    with connect() as other:
+        with other.transaction():
+            other.execute("SELECT 1 FROM django_jobs_job WHERE id = %s FOR UPDATE", [locked.pk])
+            assert claim().id == free.pk
+            assert claim() is None
+        assert claim().id == locked.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_never_hand_out_a_job_twice() -> None:
+    JobFactory.create_batch(200)
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def drain(n: int) -> None:
+        with connect() as conn, conn.cursor() as cursor:
+            while (job := transitions.claim(cursor, f"w{n}:1:000000", None)) is not None:
+                with lock:
+                    claimed.append(job.id)
+
+    threads = [threading.Thread(target=drain, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 200 and len(set(claimed)) == 200
+
+
+def finish(lease, outcome=Outcome.DONE, **kwargs):
+    with connection.cursor() as cursor:
+        return transitions.finish(cursor, lease, outcome, **kwargs)
+
+
+def test_finish_stores_the_result_and_closes_the_attempt() -> None:
+    JobFactory()
+    lease = claim().lease
+    assert finish(lease, result_json='{"rows": 3}') == "done"
+    job = Job.objects.get(pk=lease.job_id)
+    assert job.state == "done" and job.result == {"rows": 3} and job.finished_at is not None
+    attempt = Attempt.objects.get(pk=lease.attempt_id)
+    assert attempt.outcome == "done" and attempt.finished_at is not None
+
+
+def test_finish_is_fenced_on_attempt_and_worker() -> None:
+    JobFactory()
+    lease = claim().lease
+    stale_attempt = transitions.Lease(
+        lease.job_id, lease.attempt - 1, lease.worker_id, lease.attempt_id
+    )
+    other_worker = transitions.Lease(
+        lease.job_id, lease.attempt, "someone-else:2:bbbbbb", lease.attempt_id
+    )
+    assert finish(stale_attempt) is None
+    assert finish(other_worker) is None
+    job = Job.objects.get(pk=lease.job_id)
+    assert job.state == "running"
+    assert Attempt.objects.get(pk=lease.attempt_id).outcome == "running"
+    assert finish(lease) == "done"
+    assert finish(lease) is None  # a second finish of the same lease changes nothing
+
+
+def test_failure_with_attempts_left_goes_back_to_pending_after_the_delay() -> None:
+    JobFactory(max_attempts=2)
+    lease = claim().lease
+    state = finish(lease, Outcome.ERROR, error="ValueError: x", traceback="tb", retry_delay=30)
+    assert state == "pending"
+    job = Job.objects.get(pk=lease.job_id)
+    assert job.worker_id is None and job.finished_at is None and job.error == "ValueError: x"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after - now() FROM django_jobs_job WHERE id = %s", [job.pk])
+        (remaining,) = cursor.fetchone()
+    assert timedelta(seconds=29) < remaining <= timedelta(seconds=30)
+    assert claim() is None  # not before its time
+    attempt = Attempt.objects.get(pk=lease.attempt_id)
+    assert (attempt.outcome, attempt.error, attempt.traceback) == ("error", "ValueError: x", "tb")
+
+
+def test_failure_on_the_last_attempt_or_not_retryable_ends_in_error() -> None:
+    JobFactory(max_attempts=1)
+    assert finish(claim().lease, Outcome.ERROR, error="boom") == "error"
+    JobFactory(max_attempts=5)
+    assert finish(claim().lease, Outcome.ERROR, error="Fail", retryable=False) == "error"
+
+
+def test_release_gives_the_attempt_back() -> None:
+    JobFactory(max_attempts=1)
+    lease = claim().lease
+    with connection.cursor() as cursor:
+        assert transitions.release(cursor, lease) is True
+        assert transitions.release(cursor, lease) is False
+    job = Job.objects.get(pk=lease.job_id)
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
+    assert Attempt.objects.get(pk=lease.attempt_id).outcome == "released"
+    assert claim().attempt == 1
+
+
+def test_the_database_refuses_an_unknown_state() -> None:
+    from django.db import IntegrityError, transaction
+
+    job = JobFactory()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(state="exploded")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(priority=500)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(state="running")  # running needs a worker
+
+
+def _plan(sql: str, params: dict) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = on")
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_jobs_job (task, queue, priority, state, run_after)
+            SELECT 'tests.noop', (ARRAY['default','reports','imports'])[1 + g % 3], (g % 7) - 3,
+                   'pending', now() - make_interval(secs => g % 1000)
+            FROM generate_series(1, 100000) g
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO django_jobs_job (task, queue, state, attempt, started_at, finished_at,
+                                         worker_id)
+            SELECT 'tests.noop', 'default', 'done', 1, now(), now(), 'w'
+            FROM generate_series(1, 50000)
+            """
+        )
+        cursor.execute("ANALYZE django_jobs_job")
+    plans = {}
+    for queues, index in [(None, "job_claim_idx"), (["reports"], "job_claim_queue_idx")]:
+        sql, params = transitions.claim_sql(queues)
+        plans[index] = plan = _plan(sql, {"worker_id": WORKER, **params})
+        assert f"Index Scan using {index}" in plan, plan
+        assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    print("\n\n".join(plans.values()))

@@ -1,0 +1,170 @@
+"""The worker end to end: real `runjobworker` processes on the committed test database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from django_jobs.models import Attempt, Job
+from testproject.testjobs.jobs import (
+    async_echo,
+    context_job,
+    echo,
+    fail,
+    record,
+    sleep,
+    unserializable,
+)
+from testproject.testjobs.models import Execution
+from tests.conftest import ROOT, connect, wait_for
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_burst_worker_runs_jobs_and_stores_results_and_errors(start_worker) -> None:
+    ok = echo.enqueue(1, "a", flag=True)
+    bad = fail.enqueue("it broke")
+    ctx = context_job.enqueue()
+    coro = async_echo.enqueue({"x": 1})
+    worker = start_worker("--burst", "--concurrency", "2")
+    assert worker.wait() == 0, worker.output
+
+    ok.refresh_from_db()
+    assert ok.state == "done" and ok.result == {"args": [1, "a"], "kwargs": {"flag": True}}
+    assert ok.worker_id.startswith(worker.name + ":")
+    bad.refresh_from_db()
+    assert bad.state == "error" and bad.error == "ValueError: it broke"
+    attempt = bad.attempts.get()
+    assert attempt.outcome == "error" and "raise ValueError(message)" in attempt.traceback
+    ctx.refresh_from_db()
+    assert ctx.result == {"job_id": ctx.pk, "attempt": 1, "worker_id": ctx.worker_id}
+    coro.refresh_from_db()
+    assert coro.state == "done" and coro.result == {"x": 1}
+    assert f"job {ok.pk} done" in worker.output and f"job {bad.pk} ended error" in worker.output
+
+
+def test_unknown_and_broken_jobs_end_in_error_and_the_worker_goes_on(start_worker) -> None:
+    unknown = JobFactory(task="some.module.removed_in_last_deploy", max_attempts=1)
+    broken = JobFactory(task="tests.echo", args={"not": "a list"}, max_attempts=1)
+    weird_result = unserializable.enqueue()
+    fine = echo.enqueue("still works")
+    worker = start_worker("--burst")
+    assert worker.wait() == 0, worker.output
+
+    unknown.refresh_from_db()
+    assert unknown.state == "error"
+    assert "unknown task 'some.module.removed_in_last_deploy'" in unknown.error
+    broken.refresh_from_db()
+    assert broken.state == "error" and "bad job arguments" in broken.error
+    weird_result.refresh_from_db()
+    assert weird_result.state == "error" and "not JSON" in weird_result.error
+    fine.refresh_from_db()
+    assert fine.state == "done"
+
+
+def test_no_transaction_is_open_while_a_job_runs_and_queue_io_uses_at_most_two_connections(
+    start_worker,
+) -> None:
+    jobs = [sleep.enqueue(3) for _ in range(4)]
+    worker = start_worker("--concurrency", "4", "--burst")
+    try:
+        wait_for(lambda: Job.objects.filter(state="running").count() == 4, timeout=30)
+        time.sleep(0.5)
+        with connect() as observer:
+            sessions = observer.execute(
+                """
+                SELECT application_name, state FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                """
+            ).fetchall()
+            mine = [s for s in sessions if s[0].startswith(worker.name + ":")]
+            idle_in_tx = [s for s in sessions if s[1] and s[1].startswith("idle in transaction")]
+        assert 1 <= len(mine) <= 2, sessions
+        assert idle_in_tx == [], sessions
+    finally:
+        assert worker.wait() == 0, worker.output
+    assert {j.state for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {"done"}
+
+
+def test_jobs_run_in_parallel_up_to_the_concurrency(start_worker) -> None:
+    for _ in range(4):
+        sleep.enqueue(1.5)
+    started = time.monotonic()
+    worker = start_worker("--concurrency", "4", "--burst")
+    assert worker.wait() == 0, worker.output
+    assert time.monotonic() - started < 5.5  # serial would take 6s plus start-up
+    spans = list(Attempt.objects.values_list("started_at", "finished_at"))
+    latest_start = max(s for s, _ in spans)
+    earliest_finish = min(f for _, f in spans)
+    assert latest_start < earliest_finish  # all four overlapped
+
+
+def test_max_jobs_stops_after_that_many_claims(start_worker) -> None:
+    echo.enqueue_many(((i,), {}) for i in range(5))
+    worker = start_worker("--max-jobs", "2")
+    assert worker.wait() == 0, worker.output
+    assert Job.objects.filter(state="done").count() == 2
+    assert Job.objects.filter(state="pending").count() == 3
+
+
+def test_queues_option_limits_what_is_claimed(start_worker) -> None:
+    mine = echo.using(queue="reports").enqueue()
+    other = echo.using(queue="imports").enqueue()
+    worker = start_worker("--queues", "reports,default", "--burst")
+    assert worker.wait() == 0, worker.output
+    assert Job.objects.get(pk=mine.pk).state == "done"
+    assert Job.objects.get(pk=other.pk).state == "pending"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0"], "must be at least 1"),
+        (["--concurrency", "many"], "expected a whole number"),
+        (["--queues", ","], "name at least one queue"),
+        (["--grace", "-1"], "must not be negative"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_options_get_a_usage_error(worker_env, args, message) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "runjobworker", *args],
+        cwd=ROOT,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "usage: manage.py runjobworker" in result.stderr and message in result.stderr
+
+
+@pytest.mark.slow
+def test_four_workers_run_each_of_2000_jobs_exactly_once(start_worker) -> None:
+    record.enqueue_many(((), {"note": str(i)}) for i in range(2000))
+    started = time.monotonic()
+    workers = [start_worker("--concurrency", "2", "--burst") for _ in range(4)]
+    for worker in workers:
+        assert worker.wait(timeout=240) == 0, worker.output
+    elapsed = time.monotonic() - started
+
+    assert Job.objects.filter(state="done").count() == 2000
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(DISTINCT job_id), count(DISTINCT worker_id)"
+            " FROM testjobs_execution"
+        )
+        executions, distinct_jobs, worker_ids = cursor.fetchone()
+    duplicates = executions - distinct_jobs
+    print(
+        f"\nexactly-once: 2000 jobs, 4 workers x 2 slots, {executions} executions, "
+        f"{duplicates} duplicates, {elapsed:.1f}s"
+    )
+    assert (executions, distinct_jobs, duplicates) == (2000, 2000, 0)
+    assert worker_ids == 4  # every worker took part
+    assert not Execution.objects.filter(attempt__gt=1).exists()
