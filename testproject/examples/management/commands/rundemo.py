@@ -36,7 +36,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{'task':<40} {'state':<10} {'jobs':>5} {'attempts':>9}")
         rows = (
             batch.values("task", "state")
-            .annotate(jobs=Count("id"), attempts=Count("attempts"))
+            .annotate(jobs=Count("id", distinct=True), attempts=Count("attempts"))
             .order_by("task", "state")
         )
         for row in rows:
