@@ -108,3 +108,17 @@ def statement_timeout_ms() -> int:
     """``JOBS_STATEMENT_TIMEOUT_MS``: statement time limit of the job system's own statements.
     Default 30000."""
     return int(_get("JOBS_STATEMENT_TIMEOUT_MS", 30000))
+
+
+def liveness_check_path() -> str:
+    """``JOBS_LIVENESS_CHECK``: dotted path of the class that tells the reaper which workers are
+    gone. Default ``"django_jobs.liveness.HeartbeatLiveness"``; on Kubernetes consider
+    ``"django_jobs.liveness.KubernetesLiveness"``."""
+    return str(_get("JOBS_LIVENESS_CHECK", "django_jobs.liveness.HeartbeatLiveness"))
+
+
+def kubernetes_options() -> dict[str, Any]:
+    """``JOBS_KUBERNETES``: options of ``KubernetesLiveness`` (``api_url``, ``token``,
+    ``namespace``, ``label_selector``, ``ca_file``, ``verify``, ``kubeconfig``). Default ``{}``:
+    use the pod's service account."""
+    return dict(_get("JOBS_KUBERNETES", {}))

@@ -132,6 +132,19 @@ class Job(models.Model):
         self.refresh_from_db()
         return self
 
+    def cancel(self, reason: str = "cancelled") -> str | None:
+        """Cancel this job: a pending or waiting job ends at once; a running one is asked to
+        stop, and its worker stops it within a heartbeat interval. Returns the job's state after
+        the call, or ``None`` if it had already finished."""
+        from django.db import connections
+
+        from django_jobs import transitions
+
+        with connections[self._state.db or "default"].cursor() as cursor:
+            state = transitions.cancel(cursor, self.pk, reason)
+        self.refresh_from_db()
+        return state
+
 
 class Attempt(models.Model):
     """One claim of a job: who ran it, when, and how it ended. Every error is kept."""
@@ -204,6 +217,12 @@ class Worker(models.Model):
     concurrency = models.IntegerField(db_default=1)
     started_at = models.DateTimeField(db_default=Now())
     last_seen_at = models.DateTimeField(db_default=Now())
+    boot_id = models.CharField(
+        max_length=255,
+        blank=True,
+        db_default="",
+        help_text="What a liveness check saw of the worker's container, to notice restarts.",
+    )
 
     class Meta:
         db_table = "django_jobs_worker"

@@ -29,12 +29,12 @@ class Lease:
     job_id: int
     attempt: int
     worker_id: str
-    attempt_id: int
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimedJob:
     lease: Lease
+    attempt_id: int
     task: str
     queue: str
     args_json: str
@@ -102,7 +102,8 @@ def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJ
         row
     )
     return ClaimedJob(
-        lease=Lease(job_id=job_id, attempt=attempt, worker_id=worker_id, attempt_id=aid),
+        lease=Lease(job_id=job_id, attempt=attempt, worker_id=worker_id),
+        attempt_id=aid,
         task=task,
         queue=queue,
         args_json=args_json,
@@ -113,24 +114,25 @@ def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJ
     )
 
 
-# Finish: end the attempt and move the job on, fenced on the lease. The new state is decided
-# here, in one place: done on success; cancelled if cancellation was asked for; pending again
-# (after the retry delay, counted from the database's now()) while attempts remain and the
-# failure is retryable; error otherwise.
-# Index: the primary key; the fence columns are checked on the one row it finds.
-_FINISH = f"""
+# Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
+# fenced on the lease, decides the job's next state in one place (done on success; cancelled if
+# cancellation was asked for; pending again, after the retry delay counted from the database's
+# now(), while attempts remain and the failure is retryable; error otherwise), and closes the
+# attempt row.
+# Index: the job's primary key, then attempt_job_number_idx for its attempt row.
+_END_ATTEMPT = f"""
 WITH target AS (
-    SELECT id,
+    SELECT id, attempt,
            CASE
                WHEN %(outcome)s = 'done' THEN 'done'
                WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
                WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
                ELSE 'error'
            END AS new_state
-    FROM {JOB}
+    FROM {JOB} j
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
-      AND worker_id = %(worker_id)s
-    FOR UPDATE
+      AND worker_id = %(worker_id)s {{condition}}
+    FOR UPDATE {{skip_locked}}
 ), job AS (
     UPDATE {JOB} j
     SET state = t.new_state,
@@ -144,13 +146,41 @@ WITH target AS (
     FROM target t
     WHERE j.id = t.id
     RETURNING j.id, j.state
-), attempt AS (
-    UPDATE {ATTEMPT}
+), closed AS (
+    UPDATE {ATTEMPT} a
     SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
-    WHERE id = %(attempt_id)s AND EXISTS (SELECT 1 FROM job)
+    FROM target t
+    WHERE a.job_id = t.id AND a.number = t.attempt AND a.worker_id = %(worker_id)s
+      AND a.outcome = 'running'
 )
 SELECT state FROM job
 """
+_FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
+
+
+def _end_params(
+    lease: Lease,
+    outcome: str,
+    *,
+    result_json: str | None,
+    error: str,
+    traceback: str,
+    retryable: bool,
+    retry_delay: float,
+) -> dict[str, Any]:
+    if outcome not in Outcome.values or outcome in (Outcome.RUNNING, Outcome.RELEASED):
+        raise ValueError(f"an attempt cannot end as {outcome!r}")
+    return {
+        "job_id": lease.job_id,
+        "attempt": lease.attempt,
+        "worker_id": lease.worker_id,
+        "outcome": outcome,
+        "result": result_json if outcome == Outcome.DONE else None,
+        "error": error,
+        "traceback": traceback,
+        "retryable": retryable,
+        "retry_delay": max(0.0, float(retry_delay)),
+    }
 
 
 def finish(
@@ -168,22 +198,17 @@ def finish(
 
     Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
     """
-    if outcome not in Outcome.values or outcome in (Outcome.RUNNING, Outcome.RELEASED):
-        raise ValueError(f"finish() cannot end an attempt as {outcome!r}")
     cursor.execute(
         _FINISH,
-        {
-            "job_id": lease.job_id,
-            "attempt": lease.attempt,
-            "worker_id": lease.worker_id,
-            "attempt_id": lease.attempt_id,
-            "outcome": outcome,
-            "result": result_json if outcome == Outcome.DONE else None,
-            "error": error,
-            "traceback": traceback,
-            "retryable": retryable,
-            "retry_delay": max(0.0, float(retry_delay)),
-        },
+        _end_params(
+            lease,
+            outcome,
+            result_json=result_json,
+            error=error,
+            traceback=traceback,
+            retryable=retryable,
+            retry_delay=retry_delay,
+        ),
     )
     row = cursor.fetchone()
     return None if row is None else State(row[0]).value
@@ -198,10 +223,11 @@ WITH job AS (
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s
     RETURNING id
-), attempt AS (
+), closed AS (
     UPDATE {ATTEMPT} SET finished_at = now(), outcome = 'released',
                          error = 'released at worker shutdown'
-    WHERE id = %(attempt_id)s AND EXISTS (SELECT 1 FROM job)
+    WHERE job_id = %(job_id)s AND number = %(attempt)s AND worker_id = %(worker_id)s
+      AND outcome = 'running' AND EXISTS (SELECT 1 FROM job)
 )
 SELECT id FROM job
 """
@@ -273,3 +299,144 @@ def heartbeat(cursor: Any, worker: WorkerInfo, leases: Sequence[Lease]) -> dict[
 
 def unregister_worker(cursor: Any, worker_id: str) -> None:
     cursor.execute("DELETE FROM django_jobs_worker WHERE id = %s", [worker_id])
+
+
+# Reap: end the attempt of a running job whose worker is gone, or that overran its timeout. The
+# same statement as finish, with two differences: SKIP LOCKED, so a reaper never waits on a row a
+# worker is finishing right now; and the reason is re-checked inside the statement, so a job that
+# finished, was re-claimed, or whose worker has just sent a heartbeat is left alone.
+# Index: the job's primary key; the worker table's primary key for the heartbeat re-check.
+_STILL_DEAD_OR_OVERDUE = """
+      AND (
+        %(silence)s::float8 IS NULL
+        OR NOT EXISTS (
+            SELECT 1 FROM django_jobs_worker w
+            WHERE w.id = j.worker_id
+              AND w.last_seen_at >= now() - make_interval(secs => %(silence)s::float8)
+        )
+        OR (j.timeout IS NOT NULL
+            AND j.started_at < now() - make_interval(secs => j.timeout + %(timeout_grace)s))
+      )
+"""
+_REAP = _END_ATTEMPT.format(condition=_STILL_DEAD_OR_OVERDUE, skip_locked="SKIP LOCKED")
+
+
+def reap(
+    cursor: Any,
+    lease: Lease,
+    outcome: str,
+    *,
+    error: str,
+    retry_delay: float,
+    silence: float | None,
+    timeout_grace: float,
+) -> str | None:
+    """End a lost or overdue attempt as ``outcome`` (``lost`` or ``timeout``).
+
+    The job must still be running under ``lease``, and either overdue or its worker silent (no
+    heartbeat) for ``silence`` seconds; ``silence=None`` skips that check, for a worker known to
+    be gone (an earlier boot of the worker that is starting). Returns the job's new state, or
+    ``None`` if the job no longer qualifies.
+    """
+    params = _end_params(
+        lease,
+        outcome,
+        result_json=None,
+        error=error,
+        traceback="",
+        retryable=True,
+        retry_delay=retry_delay,
+    )
+    params.update(silence=silence, timeout_grace=timeout_grace)
+    cursor.execute(_REAP, params)
+    row = cursor.fetchone()
+    return None if row is None else State(row[0]).value
+
+
+# Candidates for the reaper: running jobs whose worker has no fresh heartbeat, or that overran
+# their timeout plus a grace period. Index: job_running_worker_idx (partial on running), so the
+# cost follows the number of running jobs, not the table's size.
+_REAP_CANDIDATES = """
+SELECT j.id, j.attempt, j.worker_id, j.task, j.max_attempts, j.timeout,
+       w.id IS NULL AS unregistered, w.host, w.pid,
+       EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_for,
+       j.timeout IS NOT NULL
+           AND j.started_at < now() - make_interval(secs => j.timeout + %(timeout_grace)s)
+           AS overdue
+FROM django_jobs_job j
+LEFT JOIN django_jobs_worker w ON w.id = j.worker_id
+WHERE j.state = 'running'
+ORDER BY j.id
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningJob:
+    lease: Lease
+    task: str
+    max_attempts: int
+    timeout: int | None
+    unregistered: bool
+    host: str | None
+    pid: int | None
+    silent_for: float | None
+    overdue: bool
+
+
+def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
+    cursor.execute(_REAP_CANDIDATES, {"timeout_grace": timeout_grace})
+    jobs = []
+    for row in cursor.fetchall():
+        job_id, attempt, worker_id, task, max_attempts, timeout, *rest = row
+        unregistered, host, pid, silent_for, overdue = rest
+        jobs.append(
+            RunningJob(
+                lease=Lease(job_id, attempt, worker_id),
+                task=task,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                unregistered=unregistered,
+                host=host,
+                pid=pid,
+                silent_for=silent_for,
+                overdue=overdue,
+            )
+        )
+    return jobs
+
+
+# Cancel: a pending or waiting job ends at once; a running one is flagged, and its worker stops it
+# at its next heartbeat. Index: the primary key.
+_CANCEL = f"""
+WITH target AS (
+    SELECT id, state FROM {JOB} WHERE id = %(job_id)s AND state IN ('pending', 'waiting', 'running')
+    FOR UPDATE
+)
+UPDATE {JOB} j
+SET state = CASE WHEN t.state = 'running' THEN 'running' ELSE 'cancelled' END,
+    cancel_requested = true,
+    finished_at = CASE WHEN t.state = 'running' THEN NULL ELSE now() END,
+    error = CASE WHEN t.state = 'running' THEN j.error ELSE %(reason)s END
+FROM target t
+WHERE j.id = t.id
+RETURNING j.state
+"""
+
+
+def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
+    """Cancel one job. Returns ``"cancelled"``, ``"running"`` (cancellation requested), or
+    ``None`` if the job is already finished (or does not exist)."""
+    cursor.execute(_CANCEL, {"job_id": job_id, "reason": reason})
+    row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def delete_worker_if_idle(cursor: Any, worker_id: str) -> None:
+    """Forget a dead worker once none of its jobs is running any more."""
+    cursor.execute(
+        f"""
+        DELETE FROM django_jobs_worker w WHERE w.id = %s
+        AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.state = 'running' AND j.worker_id = w.id)
+        """,
+        [worker_id],
+    )

@@ -19,7 +19,7 @@ import sys
 import time
 import venv
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("DJANGO_JOBS_VENV", ROOT / ".venv"))
@@ -79,10 +79,10 @@ class EmbeddedPostgres:
             )
         say(f"starting an embedded PostgreSQL in {PGDATA.name}/")
         self.server = pgserver.get_server(PGDATA, cleanup_mode="stop")
-        uri = self.server.get_uri()
-        # pgserver names a socket directory as host; Django wants the database in the path.
-        parts = urlsplit(uri)
-        return urlunsplit((parts.scheme, parts.netloc, "/django_jobs", parts.query, ""))
+        # pgserver listens on a socket directory, given as ?host=...; keep that, and name our
+        # database in the path (django-environ turns ?host= into OPTIONS["host"]).
+        socket_dir = parse_qs(urlsplit(self.server.get_uri()).query)["host"][0]
+        return f"postgres://postgres@/django_jobs?host={quote(socket_dir)}"
 
     def stop(self) -> None:
         if self.server is not None:
@@ -101,7 +101,7 @@ def ensure_database(url: str) -> None:
         "dbname": "postgres",
         "user": config.get("USER") or None,
         "password": config.get("PASSWORD") or None,
-        "host": config.get("HOST") or None,
+        "host": config.get("HOST") or config.get("OPTIONS", {}).get("host") or None,
         "port": config.get("PORT") or None,
         "autocommit": True,
     }

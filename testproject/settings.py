@@ -72,3 +72,15 @@ STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 JOBS_QUEUES = ["default", "reports", "imports"]
+
+# Timing settings may come from the environment, so tests can run workers on short clocks.
+for _name, _cast in [
+    ("JOBS_HEARTBEAT_INTERVAL", float),
+    ("JOBS_WORKER_TIMEOUT", float),
+    ("JOBS_KILL_GRACE", float),
+    ("JOBS_POLL_INTERVAL", float),
+    ("JOBS_TIMEOUT_GRACE", float),
+    ("JOBS_LIVENESS_CHECK", str),
+]:
+    if _name in env.ENVIRON:
+        globals()[_name] = _cast(env.ENVIRON[_name])

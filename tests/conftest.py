@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
@@ -29,7 +29,9 @@ def database_url() -> str:
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = quote(s.get("HOST") or "", safe="")
     port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"postgres://{auth}{host}{port}/{s['NAME']}"
+    options = {k: v for k, v in s.get("OPTIONS", {}).items() if isinstance(v, str | int)}
+    query = "?" + urlencode(options) if options else ""
+    return f"postgres://{auth}{host}{port}/{s['NAME']}{query}"
 
 
 def connect(**kwargs: Any) -> psycopg.Connection[Any]:
@@ -75,6 +77,10 @@ class WorkerProcess:
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the supervisor and its executors together."""
+        os.killpg(self.proc.pid, signum)
 
     def kill(self) -> None:
         """SIGKILL the whole process group: supervisor and executors."""

@@ -21,6 +21,13 @@ class JobFactory(factory.django.DjangoModelFactory):
     max_attempts = 3
 
     class Params:
+        # A job a worker has claimed; pair it with an Attempt row where the test needs one.
+        claimed = factory.Trait(
+            state=Job.State.RUNNING,
+            attempt=1,
+            started_at=factory.LazyFunction(timezone.now),
+            worker_id="pod-x:1:abcdef",
+        )
         finished = factory.Trait(
             state=Job.State.DONE,
             attempt=1,

@@ -37,7 +37,7 @@ def test_claim_marks_running_counts_the_attempt_and_opens_an_attempt_row() -> No
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING and job.attempt == 1 and job.worker_id == WORKER
     assert job.started_at is not None
-    attempt = Attempt.objects.get(pk=claimed.lease.attempt_id)
+    attempt = Attempt.objects.get(pk=claimed.attempt_id)
     assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.outcome) == (
         job.pk,
         1,
@@ -117,24 +117,20 @@ def test_finish_stores_the_result_and_closes_the_attempt() -> None:
     assert finish(lease, result_json='{"rows": 3}') == "done"
     job = Job.objects.get(pk=lease.job_id)
     assert job.state == "done" and job.result == {"rows": 3} and job.finished_at is not None
-    attempt = Attempt.objects.get(pk=lease.attempt_id)
+    attempt = Attempt.objects.get(job_id=lease.job_id, number=lease.attempt)
     assert attempt.outcome == "done" and attempt.finished_at is not None
 
 
 def test_finish_is_fenced_on_attempt_and_worker() -> None:
     JobFactory()
     lease = claim().lease
-    stale_attempt = transitions.Lease(
-        lease.job_id, lease.attempt - 1, lease.worker_id, lease.attempt_id
-    )
-    other_worker = transitions.Lease(
-        lease.job_id, lease.attempt, "someone-else:2:bbbbbb", lease.attempt_id
-    )
+    stale_attempt = transitions.Lease(lease.job_id, lease.attempt - 1, lease.worker_id)
+    other_worker = transitions.Lease(lease.job_id, lease.attempt, "someone-else:2:bbbbbb")
     assert finish(stale_attempt) is None
     assert finish(other_worker) is None
     job = Job.objects.get(pk=lease.job_id)
     assert job.state == "running"
-    assert Attempt.objects.get(pk=lease.attempt_id).outcome == "running"
+    assert Attempt.objects.get(job_id=lease.job_id, number=lease.attempt).outcome == "running"
     assert finish(lease) == "done"
     assert finish(lease) is None  # a second finish of the same lease changes nothing
 
@@ -151,7 +147,7 @@ def test_failure_with_attempts_left_goes_back_to_pending_after_the_delay() -> No
         (remaining,) = cursor.fetchone()
     assert timedelta(seconds=29) < remaining <= timedelta(seconds=30)
     assert claim() is None  # not before its time
-    attempt = Attempt.objects.get(pk=lease.attempt_id)
+    attempt = Attempt.objects.get(job_id=lease.job_id, number=lease.attempt)
     assert (attempt.outcome, attempt.error, attempt.traceback) == ("error", "ValueError: x", "tb")
 
 
@@ -170,7 +166,7 @@ def test_release_gives_the_attempt_back() -> None:
         assert transitions.release(cursor, lease) is False
     job = Job.objects.get(pk=lease.job_id)
     assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
-    assert Attempt.objects.get(pk=lease.attempt_id).outcome == "released"
+    assert Attempt.objects.get(job_id=lease.job_id, number=lease.attempt).outcome == "released"
     assert claim().attempt == 1
 
 

@@ -30,12 +30,13 @@ from typing import Any
 from django.conf import settings
 
 from django_jobs import conf, transitions
+from django_jobs.reaper import end_attempts
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
 from django_jobs.transitions import ClaimedJob, WorkerInfo
 from django_jobs.worker.connection import QueueConnection, is_connection_fatal
 from django_jobs.worker.executor import Assignment, Report, executor_main
-from django_jobs.worker.identity import base_name, new_worker_id
+from django_jobs.worker.identity import base_name, name_of, new_worker_id
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -121,9 +122,13 @@ class Supervisor:
         self.queue_may_have_work = True
         self.next_poll = 0.0
         self.next_heartbeat = 0.0
-        self.last_heartbeat_ok = time.monotonic()
+        # No claim before the first heartbeat has registered this worker.
+        self.last_heartbeat_ok = float("-inf")
+        self.recovered = False
         self.db_retry_at = 0.0
         self.db_failures = 0
+        self.outbox_failures = 0
+        self.last_error_fatal = False
         self._mp = multiprocessing.get_context("spawn")
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -145,6 +150,7 @@ class Supervisor:
         try:
             self.slots = [self._spawn(i) for i in range(self.concurrency)]
             self._heartbeat()
+            self._recover_earlier_boots()
             while not self._finished():
                 self._step()
             return 1 if self.hard_stop else 0
@@ -203,6 +209,8 @@ class Supervisor:
             self._flush_outbox()
         if now >= self.next_heartbeat:
             self._heartbeat()
+        if not self.recovered:
+            self._recover_earlier_boots()
         if now >= self.next_poll:
             self.queue_may_have_work = True
         self._fill_slots()
@@ -475,6 +483,27 @@ class Supervisor:
         self.outbox.append((f"release job {job.id}", write))
         self._flush_outbox()
 
+    def _recover_earlier_boots(self) -> None:
+        """Recover jobs left running by an earlier boot of this worker's name on this host (a
+        container restarted in its pod keeps the pod name): that boot is certainly gone."""
+
+        def recover(cursor: Any) -> list[Any]:
+            candidates = []
+            for job in transitions.running_jobs(cursor, conf.timeout_grace()):
+                earlier = job.lease.worker_id
+                if earlier == self.worker_id or name_of(earlier) != self.name:
+                    continue
+                same_host = job.host == self.info.host
+                if job.unregistered or (
+                    same_host and (job.pid == self.info.pid or not _pid_alive(job.pid))
+                ):
+                    reason = f"worker restarted: earlier boot {earlier} is gone"
+                    candidates.append((job, Outcome.LOST, reason, None))
+            return end_attempts(cursor, candidates)
+
+        if self._db_call("startup recovery", recover) is not _FAILED:
+            self.recovered = True
+
     def _lease_lost(self, job: ClaimedJob, what: str) -> None:
         self.stats.lost_leases += 1
         logger.warning(
@@ -488,9 +517,18 @@ class Supervisor:
     def _flush_outbox(self) -> None:
         while self.outbox and time.monotonic() >= self.db_retry_at:
             description, write = self.outbox[0]
-            if self._db_call(description, write) is _FAILED:
-                return
-            self.outbox.popleft()
+            if self._db_call(description, write) is not _FAILED:
+                self.outbox.popleft()
+                self.outbox_failures = 0
+                continue
+            self.outbox_failures += 1
+            if not self.last_error_fatal and self.outbox_failures >= 5:
+                # Not an outage but a write that keeps failing: give up on it rather than
+                # block every later one. The job stays running; the reaper recovers it.
+                logger.error("giving up on %s after %d failures", description, self.outbox_failures)
+                self.outbox.popleft()
+                self.outbox_failures = 0
+            return
 
     def _heartbeat(self) -> None:
         self.next_heartbeat = time.monotonic() + self.heartbeat_interval
@@ -523,7 +561,8 @@ class Supervisor:
             self.db_failures += 1
             delay = min(30.0, 0.5 * 2 ** min(self.db_failures, 6)) * random.uniform(0.5, 1.0)
             self.db_retry_at = time.monotonic() + delay
-            level = logging.WARNING if is_connection_fatal(exc) else logging.ERROR
+            self.last_error_fatal = is_connection_fatal(exc)
+            level = logging.WARNING if self.last_error_fatal else logging.ERROR
             logger.log(
                 level,
                 "database error during %s (%s: %s); retrying in %.1fs",
@@ -619,6 +658,18 @@ def _job_fields(job: ClaimedJob, worker_id: str) -> dict[str, Any]:
         "attempt": job.attempt,
         "worker_id": worker_id,
     }
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _describe_exit(code: int | None) -> str:

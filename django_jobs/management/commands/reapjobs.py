@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_jobs import logging as jobs_logging
+from django_jobs.reaper import logger, reap
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {number}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Recover running jobs whose worker is gone (no heartbeat within JOBS_WORKER_TIMEOUT, or "
+        "per JOBS_LIVENESS_CHECK) or that ran past their timeout: retry them while attempts "
+        "remain, else mark them error. Runs once; schedule it (cron, a Kubernetes CronJob) or "
+        "use --loop."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="List what would be reaped.")
+        parser.add_argument(
+            "--loop", action="store_true", help="Keep running, one pass per --interval."
+        )
+        parser.add_argument(
+            "--interval",
+            type=_positive_float,
+            default=300.0,
+            metavar="SECONDS",
+            help="Seconds between passes with --loop (default: 300).",
+        )
+        parser.add_argument("--log-format", choices=["text", "json"], default="text")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        as_json = options["log_format"] == "json"
+        # Text: one line per job on stdout. JSON: the same events as structured log records.
+        jobs_logging.configure("INFO" if as_json else "ERROR", options["log_format"])
+        stop = threading.Event()
+        if options["loop"]:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+        while True:
+            report = reap(dry_run=options["dry_run"], emit=None if as_json else self.stdout.write)
+            if as_json:
+                logger.info(report.summary())
+            else:
+                self.stdout.write(report.summary())
+            if not options["loop"] or stop.wait(options["interval"]):
+                return

@@ -1,0 +1,339 @@
+"""Surviving failure with real processes and real signals: reaping, fencing, timeouts, crashes,
+retries, cancellation and graceful shutdown."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.test.utils import override_settings
+
+from django_jobs.liveness import HeartbeatLiveness
+from django_jobs.models import Attempt, Job, Worker
+from django_jobs.reaper import reap
+from testproject.testjobs.jobs import (
+    ask_retry,
+    crash,
+    echo,
+    fail_hard,
+    record,
+    retry_then_succeed,
+    segfault,
+    sleep,
+    stubborn_sleep,
+)
+from testproject.testjobs.models import Execution
+from tests.conftest import wait_for
+from tests.factories import JobFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {
+    "JOBS_HEARTBEAT_INTERVAL": "0.5",
+    "JOBS_WORKER_TIMEOUT": "2",
+    "JOBS_KILL_GRACE": "1",
+    "JOBS_POLL_INTERVAL": "0.2",
+}
+fast_reaper = override_settings(JOBS_WORKER_TIMEOUT=2, JOBS_HEARTBEAT_INTERVAL=0.5)
+
+
+def running(job: Job) -> bool:
+    job.refresh_from_db()
+    return job.state == "running"
+
+
+def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> None:
+    job = record.using(max_attempts=3).enqueue(note="survivor", seconds=30)
+    victim = start_worker(env=FAST)
+    wait_for(lambda: running(job))
+    victim.kill()
+    victim.proc.wait()
+
+    with fast_reaper:
+        assert reap().reaped == 0  # the heartbeat is still fresh
+        time.sleep(2.5)
+        report = reap()
+    assert [a.new_state for a in report.actions] == ["pending"]
+    assert "no heartbeat" in report.actions[0].reason
+    job.refresh_from_db()
+    assert job.state == "pending" and job.attempt == 1
+    lost = job.attempts.get(number=1)
+    assert lost.outcome == "lost" and "worker gone" in lost.error
+    assert not Worker.objects.filter(id=lost.worker_id).exists()
+
+    Job.objects.filter(pk=job.pk).update(run_after=job.created_at, kwargs={"note": "second"})
+    rescuer = start_worker("--burst", env=FAST)
+    assert rescuer.wait() == 0, rescuer.output
+    job.refresh_from_db()
+    assert job.state == "done" and job.attempt == 2
+    assert list(job.attempts.order_by("number").values_list("outcome", flat=True)) == [
+        "lost",
+        "done",
+    ]
+
+
+def test_a_paused_worker_whose_job_was_rerun_cannot_overwrite_the_new_run(start_worker) -> None:
+    job = record.using(max_attempts=3).enqueue(note="paused", seconds=2)
+    paused = start_worker(env=FAST)
+    wait_for(lambda: running(job))
+    first_worker = Job.objects.get(pk=job.pk).worker_id
+    paused.signal_group(signal.SIGSTOP)
+    try:
+        time.sleep(2.5)
+        with fast_reaper:
+            assert [a.new_state for a in reap().actions] == ["pending"]
+        Job.objects.filter(pk=job.pk).update(run_after=job.created_at)
+        other = start_worker("--burst", env=FAST)
+        assert other.wait() == 0, other.output
+        job.refresh_from_db()
+        assert job.state == "done" and job.attempt == 2
+        finished_at, second_worker = job.finished_at, job.worker_id
+    finally:
+        paused.signal_group(signal.SIGCONT)
+    # The paused worker wakes up, its job finishes its sleep and it tries to record the result.
+    time.sleep(3)
+    paused.signal(signal.SIGTERM)
+    assert paused.wait() == 0, paused.output
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.worker_id, job.finished_at) == (
+        "done",
+        2,
+        second_worker,
+        finished_at,
+    )
+    assert job.attempts.get(number=1).outcome == "lost"
+    assert job.attempts.get(number=2).outcome == "done"
+    assert f"job {job.pk} lease lost" in paused.output
+    assert first_worker != second_worker
+    assert Execution.objects.filter(job_id=job.pk).count() == 2
+
+
+def test_a_job_past_its_timeout_is_stopped_and_the_worker_goes_on(start_worker) -> None:
+    slow = sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    stubborn = stubborn_sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    after = echo.enqueue("next")
+    started = time.monotonic()
+    worker = start_worker("--burst", env=FAST)
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert time.monotonic() - started < 20
+    for job in (slow, stubborn):
+        job.refresh_from_db()
+        assert job.state == "error" and "timed out after 1s" in job.error
+        assert job.attempts.get().outcome == "timeout"
+    after.refresh_from_db()
+    assert after.state == "done"
+
+
+def test_a_timed_out_job_with_attempts_left_is_retried(start_worker) -> None:
+    job = sleep.using(timeout=1, max_attempts=2).enqueue(60)
+    worker = start_worker("--burst", env=FAST)
+    assert worker.wait(timeout=60) == 0, worker.output
+    job.refresh_from_db()
+    assert job.state == "pending" and job.attempt == 1
+    assert job.run_after > job.created_at
+
+
+@pytest.mark.parametrize("task", [crash, segfault], ids=["os._exit", "SIGSEGV"])
+def test_a_job_that_kills_its_process_ends_crashed_and_the_worker_lives_on(
+    start_worker, task
+) -> None:
+    doomed = task.using(max_attempts=2).enqueue()
+    after = echo.enqueue("still here")
+    worker = start_worker("--burst", env=FAST)
+    assert worker.wait(timeout=60) == 0, worker.output
+    doomed.refresh_from_db()
+    assert doomed.state == "pending" and doomed.attempt == 1  # retried: it has attempts left
+    outcome = doomed.attempts.get()
+    assert outcome.outcome == "crashed" and "process died" in outcome.error
+    after.refresh_from_db()
+    assert after.state == "done"
+
+    Job.objects.filter(pk=doomed.pk).update(run_after=doomed.created_at)
+    again = start_worker("--burst", env=FAST)
+    assert again.wait(timeout=60) == 0, again.output
+    doomed.refresh_from_db()
+    assert doomed.state == "error" and doomed.attempt == 2
+    assert set(doomed.attempts.values_list("outcome", flat=True)) == {"crashed"}
+
+
+def test_retries_wait_out_the_backoff_measured_by_the_database(start_worker) -> None:
+    job = retry_then_succeed.enqueue(succeed_on=3)
+    worker = start_worker("--burst", env=FAST)
+    deadline = time.monotonic() + 30
+    while worker.proc.poll() is None or Job.objects.get(pk=job.pk).state == "pending":
+        if worker.proc.poll() is not None:
+            worker = start_worker("--burst", env=FAST)
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    job.refresh_from_db()
+    assert job.state == "done" and job.result == 3
+    attempts = list(job.attempts.order_by("number"))
+    assert [a.outcome for a in attempts] == ["error", "error", "done"]
+    for failed, following in itertools.pairwise(attempts):
+        gap = following.started_at - failed.finished_at
+        assert timedelta(seconds=0.5) <= gap < timedelta(seconds=3), gap  # backoff (1, 1)
+    assert "attempt 1 fails on purpose" in attempts[0].error and attempts[0].traceback
+
+
+def test_retry_and_fail_exceptions_steer_the_policy(start_worker) -> None:
+    asked = ask_retry.enqueue(after=0.5)
+    failed = fail_hard.enqueue()
+    worker = start_worker("--burst", env=FAST)
+    assert worker.wait() == 0, worker.output
+    failed.refresh_from_db()
+    assert failed.state == "error" and failed.attempt == 1  # Fail: no retry despite 5 attempts
+    asked.refresh_from_db()
+    assert asked.state == "pending" and asked.error.startswith("Retry: not yet")
+    time.sleep(0.6)
+    worker = start_worker("--burst", env=FAST)
+    assert worker.wait() == 0, worker.output
+    asked.refresh_from_db()
+    assert asked.state == "done" and asked.result == "second time lucky"
+
+
+def test_cancelling_a_pending_job_is_immediate() -> None:
+    job = echo.enqueue()
+    assert job.cancel() == "cancelled"
+    assert job.state == "cancelled" and job.finished_at is not None
+    assert job.cancel() is None  # already finished
+
+
+def test_cancelling_a_running_job_stops_it_within_a_heartbeat(start_worker) -> None:
+    job = sleep.using(max_attempts=3).enqueue(60)
+    worker = start_worker(env=FAST)
+    wait_for(lambda: running(job))
+    assert job.cancel() == "running"
+    asked = time.monotonic()
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "cancelled", timeout=10)
+    assert time.monotonic() - asked < 3
+    assert job.attempts.get().outcome == "cancelled"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+
+
+def test_sigterm_lets_a_short_job_finish(start_worker) -> None:
+    job = sleep.enqueue(1.5)
+    worker = start_worker("--grace", "10", env=FAST)
+    wait_for(lambda: running(job))
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    job.refresh_from_db()
+    assert job.state == "done"
+    assert not Worker.objects.exists()  # it unregistered
+
+
+def test_sigterm_releases_a_long_job_without_using_up_an_attempt(start_worker) -> None:
+    job = sleep.using(max_attempts=1).enqueue(60)
+    waiting = echo.enqueue("not claimed after SIGTERM")
+    worker = start_worker("--grace", "1", env=FAST)
+    wait_for(lambda: running(job))
+    Job.objects.filter(pk=waiting.pk).update(run_after=job.created_at)
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    assert time.monotonic() - started < 8
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
+    assert job.attempts.get().outcome == "released"
+    assert "released" in worker.output
+
+
+def test_a_second_signal_exits_at_once(start_worker) -> None:
+    job = sleep.enqueue(60)
+    worker = start_worker("--grace", "60", env=FAST)
+    wait_for(lambda: running(job))
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGINT)
+    assert worker.wait(timeout=10) == 1
+    assert running(job)  # left for the reaper
+
+
+def test_a_restarted_worker_recovers_the_jobs_of_its_earlier_boot_at_once(start_worker) -> None:
+    job = record.using(max_attempts=2).enqueue(seconds=60)
+    first = start_worker(name="pod-a", env=FAST)
+    wait_for(lambda: running(job))
+    first.kill()
+    first.proc.wait()
+    killed_at = db_now()
+    second = start_worker("--burst", name="pod-a", env=FAST)
+    assert second.wait(timeout=90) == 0, second.output
+    job.refresh_from_db()
+    assert job.state == "pending" and job.attempt == 1  # waiting out its retry backoff
+    lost = job.attempts.get(number=1)
+    assert lost.outcome == "lost" and "worker restarted: earlier boot pod-a:" in lost.error
+    # Recovered by the new boot at start-up, well before the 2s worker timeout could expire.
+    assert lost.finished_at - killed_at < timedelta(seconds=2)
+    assert f"reaped job {job.pk}" in second.output
+
+
+def db_now():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def test_reaper_ignores_live_workers_and_other_states() -> None:
+    alive = WorkerFactory()
+    JobFactory(claimed=True, worker_id=alive.id)
+    JobFactory(finished=True)
+    with fast_reaper:
+        assert reap().actions == []
+
+
+def test_reaper_recovers_a_job_overdue_past_its_timeout_even_if_its_worker_lives() -> None:
+    alive = WorkerFactory()
+    job = JobFactory(claimed=True, worker_id=alive.id, timeout=1, max_attempts=1)
+    Job.objects.filter(pk=job.pk).update(started_at=job.created_at - timedelta(minutes=5))
+    Attempt.objects.create(job=job, number=1, worker_id=alive.id)
+    with override_settings(JOBS_TIMEOUT_GRACE=10):
+        report = reap()
+    assert [(a.outcome, a.new_state) for a in report.actions] == [("timeout", "error")]
+    job.refresh_from_db()
+    assert job.state == "error" and "running past its timeout" in job.error
+
+
+def test_reapjobs_dry_run_lists_without_changing_anything(capsys) -> None:
+    job = JobFactory(claimed=True, worker_id="gone:1:000000")
+    call_command("reapjobs", "--dry-run")
+    out = capsys.readouterr().out
+    assert f"would reap job {job.pk}" in out and "not registered" in out
+    assert "1 job(s) would be reaped" in out
+    assert Job.objects.get(pk=job.pk).state == "running"
+    call_command("reapjobs")
+    out = capsys.readouterr().out
+    assert f"reaped job {job.pk}" in out and "reaped 1 job(s): 1 retried" in out
+
+
+def test_heartbeat_liveness_uses_database_time() -> None:
+    stale = WorkerFactory()
+    Worker.objects.filter(pk=stale.pk).update(last_seen_at=stale.started_at - timedelta(minutes=5))
+    JobFactory(claimed=True, worker_id=stale.id)
+    from django.db import connection
+
+    from django_jobs import transitions
+
+    with connection.cursor() as cursor:
+        jobs = transitions.running_jobs(cursor, 60)
+        verdicts = HeartbeatLiveness(worker_timeout=60).dead_workers(jobs, cursor)
+    assert list(verdicts) == [stale.id] and "no heartbeat for 30" in verdicts[stale.id].reason
+
+
+def test_a_worker_that_cannot_heartbeat_stops_claiming() -> None:
+    from django_jobs.worker.supervisor import Supervisor
+
+    supervisor = Supervisor(install_signals=False)
+    try:
+        assert not supervisor._can_claim()  # never registered yet
+        supervisor._heartbeat()
+        assert supervisor._can_claim()
+        supervisor.last_heartbeat_ok -= supervisor.worker_timeout + 1
+        assert not supervisor._can_claim()
+    finally:
+        supervisor.db.close()
