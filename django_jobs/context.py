@@ -33,6 +33,16 @@ class JobContext:
             row = cursor.fetchone()
         return bool(row and row[0])
 
+    def spawn(self, task: Any, *args: Any, **kwargs: Any) -> Any:
+        """Enqueue a child job of this job (``task`` is a ``@job`` function or its name).
+
+        This job counts as finished only when all its children have: its function may return
+        at once, and the job waits for them without holding a worker."""
+        from django_jobs.registry import Task, registry
+
+        resolved = task if isinstance(task, Task) else registry.get(task)
+        return resolved.using(parent=self.job_id).enqueue(*args, **kwargs)
+
     def job(self) -> Any:
         """This job's row, freshly read."""
         from django_jobs.models import Job

@@ -6,16 +6,17 @@ Enqueueing writes through Django's connection for ``JOBS_DATABASE``, so it joins
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from django_jobs import conf
-from django_jobs.exceptions import InvalidOption, InvalidPayload
+from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
 from django_jobs.states import ACTIVE_STATES, State, sql_in
@@ -70,11 +71,6 @@ def _resolve_task(task: Task | str) -> Task:
     return registry.get(task)
 
 
-def _refuse_unsupported(task: Task) -> None:
-    if task.depends_on:
-        raise InvalidOption("depends_on is not supported by this version of django-jobs")
-
-
 def _job_id(value: Any, what: str) -> int:
     if isinstance(value, Job):
         if value.pk is None:
@@ -94,16 +90,19 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
 # Columns written on enqueue; everything else comes from the columns' database defaults.
 _COLUMNS = (
     "task, queue, priority, state, args, kwargs, max_attempts, timeout, run_after, parent_id,"
-    " unique_key"
+    " unique_key, error, finished_at"
 )
-_RETURNING = "id, state, attempt, run_after, created_at"
+_RETURNING = "id, state, attempt, run_after, created_at, finished_at"
 
 # run_after is a given timestamp or the database clock plus a delay, never an app clock.
 # now() is the transaction's clock, which the claim compares run_after with.
 _INSERT_ONE = f"""
 INSERT INTO django_jobs_job ({_COLUMNS})
-VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s,
-        COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s)
+VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+        %(max_attempts)s, %(timeout)s,
+        COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+        %(parent)s, %(unique_key)s, %(reason)s,
+        CASE WHEN %(state)s = 'cancelled' THEN now() END)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN {sql_in(ACTIVE_STATES)}
 DO NOTHING
 RETURNING {_RETURNING}
@@ -111,13 +110,24 @@ RETURNING {_RETURNING}
 
 _INSERT_MANY = f"""
 INSERT INTO django_jobs_job ({_COLUMNS})
-SELECT t, q, p, s, a::jsonb, k::jsonb, m, tm,
-       COALESCE(ra, now() + make_interval(secs => rd)), par, NULL
-FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[], %s::int[],
-            %s::int[], %s::timestamptz[], %s::float8[], %s::bigint[])
-     WITH ORDINALITY AS u(t, q, p, s, a, k, m, tm, ra, rd, par, n)
+SELECT %(task)s, %(queue)s, %(priority)s, %(state)s, a::jsonb, k::jsonb, %(max_attempts)s,
+       %(timeout)s, COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+       %(parent)s, NULL, %(reason)s, CASE WHEN %(state)s = 'cancelled' THEN now() END
+FROM unnest(%(args)s::text[], %(kwargs)s::text[]) WITH ORDINALITY AS u(a, k, n)
 ORDER BY n
 RETURNING {_RETURNING}
+"""
+
+# The dependencies' states, locked FOR SHARE until the enqueueing transaction ends: a dependency
+# that is finishing right now either committed first (and is seen as done here), or waits for
+# this transaction, so that the settling after it sees the new dependency rows (workflows.py).
+_LOCK_DEPENDENCIES = """
+SELECT id, state, task FROM django_jobs_job WHERE id = ANY(%s) ORDER BY id FOR SHARE
+"""
+
+_INSERT_DEPENDENCIES = """
+INSERT INTO django_jobs_dependency (job_id, depends_on_id)
+SELECT j, d FROM unnest(%s::bigint[]) AS j CROSS JOIN unnest(%s::bigint[]) AS d
 """
 
 _FIND_ACTIVE_UNIQUE = f"""
@@ -126,29 +136,82 @@ WHERE unique_key = %s AND state IN {sql_in(ACTIVE_STATES)}
 """
 
 
-def _build(task: Task, args_json: str, kwargs_json: str, row: Sequence[Any], alias: str) -> Job:
-    job_id, state, attempt, run_after, created_at = row
+def _dependency_ids(task: Task) -> list[int]:
+    return sorted({_job_id(dep, "depends_on") for dep in task.depends_on})
+
+
+def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
+    """The state a new job starts in, given its dependencies; and the reason if cancelled."""
+    if not dependency_ids:
+        return State.PENDING.value, ""
+    cursor.execute(_LOCK_DEPENDENCIES, [dependency_ids])
+    found = cursor.fetchall()
+    missing = sorted(set(dependency_ids) - {row[0] for row in found})
+    if missing:
+        raise DependencyError(
+            f"depends_on names jobs that do not exist: {missing}. A job can depend only on "
+            "jobs that already exist (which also rules out cycles)."
+        )
+    for job_id, state, task in found:
+        if state in (State.ERROR, State.CANCELLED):
+            return (
+                State.CANCELLED.value,
+                f"cancelled: upstream job #{job_id} ({task}) ended {state}",
+            )
+    if all(state == State.DONE for _, state, _ in found):
+        return State.PENDING.value, ""
+    return State.WAITING.value, ""
+
+
+def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
+    run_at, delay = _run_after_params(task.run_after)
+    return {
+        "task": task.name,
+        "queue": task.queue,
+        "priority": task.priority,
+        "state": state,
+        "max_attempts": task.effective_max_attempts,
+        "timeout": task.effective_timeout,
+        "run_at": run_at,
+        "delay": delay,
+        "parent": _job_id(task.parent, "parent") if task.parent is not None else None,
+        "unique_key": task.unique_key,
+        "reason": reason,
+    }
+
+
+def _build(
+    params: dict[str, Any], args_json: str, kwargs_json: str, row: Sequence[Any], alias: str
+) -> Job:
+    job_id, state, attempt, run_after, created_at, finished_at = row
     job = Job(
         id=job_id,
-        task=task.name,
-        queue=task.queue,
-        priority=task.priority,
+        task=params["task"],
+        queue=params["queue"],
+        priority=params["priority"],
         state=state,
         args=json.loads(args_json),
         kwargs=json.loads(kwargs_json),
         attempt=attempt,
-        max_attempts=task.effective_max_attempts,
-        timeout=task.effective_timeout,
+        max_attempts=params["max_attempts"],
+        timeout=params["timeout"],
         run_after=run_after,
         created_at=created_at,
-        error="",
+        finished_at=finished_at,
+        error=params["reason"],
         cancel_requested=False,
-        parent_id=_job_id(task.parent, "parent") if task.parent is not None else None,
-        unique_key=task.unique_key,
+        parent_id=params["parent"],
+        unique_key=params["unique_key"],
     )
     job._state.adding = False
     job._state.db = alias
     return job
+
+
+def _statements(alias: str, several: bool) -> Any:
+    """Several statements run in one transaction (a savepoint inside the caller's); a single
+    INSERT is atomic by itself and needs no BEGIN/COMMIT round trips."""
+    return transaction.atomic(using=alias) if several else contextlib.nullcontext()
 
 
 def enqueue(
@@ -157,35 +220,23 @@ def enqueue(
     """Enqueue one call of a registered task and return its :class:`Job`.
 
     With a ``unique_key`` that an active job already holds, that job is returned instead.
+    With ``depends_on``, the job waits until those jobs are done, and is cancelled if one of
+    them fails for good. Nothing is written if anything is wrong.
     """
     task = _resolve_task(task)
-    _refuse_unsupported(task)
     args_json, kwargs_json = encode_payload(args, kwargs or {})
     alias = conf.database_alias()
-    run_at, delay = _run_after_params(task.run_after)
-    parent_id = _job_id(task.parent, "parent") if task.parent is not None else None
-    with connections[alias].cursor() as cursor:
+    dependency_ids = _dependency_ids(task)
+    with _statements(alias, bool(dependency_ids)), connections[alias].cursor() as cursor:
+        params = _params(task, *_initial_state(cursor, dependency_ids))
+        params.update(args=args_json, kwargs=kwargs_json)
         while True:
-            cursor.execute(
-                _INSERT_ONE,
-                [
-                    task.name,
-                    task.queue,
-                    task.priority,
-                    State.PENDING,
-                    args_json,
-                    kwargs_json,
-                    task.effective_max_attempts,
-                    task.effective_timeout,
-                    run_at,
-                    delay,
-                    parent_id,
-                    task.unique_key,
-                ],
-            )
+            cursor.execute(_INSERT_ONE, params)
             row = cursor.fetchone()
             if row is not None:
-                return _build(task, args_json, kwargs_json, row, alias)
+                if dependency_ids:
+                    cursor.execute(_INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
+                return _build(params, args_json, kwargs_json, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
             cursor.execute(_FIND_ACTIVE_UNIQUE, [task.unique_key])
@@ -197,32 +248,25 @@ def enqueue(
 def enqueue_many(
     task: Task | str, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
 ) -> list[Job]:
-    """Enqueue many calls of one task with a single ``INSERT ... SELECT FROM unnest(...)``."""
+    """Enqueue many calls of one task with a single ``INSERT ... SELECT FROM unnest(...)``.
+
+    Every job gets the task's options, ``depends_on`` included. Returns the jobs in order.
+    """
     task = _resolve_task(task)
-    _refuse_unsupported(task)
     if task.unique_key is not None:
         raise InvalidOption("enqueue_many() cannot take a unique_key; enqueue such jobs one by one")
     encoded = [encode_payload(args, kwargs) for args, kwargs in calls]
     if not encoded:
         return []
     alias = conf.database_alias()
-    n = len(encoded)
-    run_at, delay = _run_after_params(task.run_after)
-    parent_id = _job_id(task.parent, "parent") if task.parent is not None else None
-    params = [
-        [task.name] * n,
-        [task.queue] * n,
-        [task.priority] * n,
-        [State.PENDING.value] * n,
-        [a for a, _ in encoded],
-        [k for _, k in encoded],
-        [task.effective_max_attempts] * n,
-        [task.effective_timeout] * n,
-        [run_at] * n,
-        [delay] * n,
-        [parent_id] * n,
-    ]
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_INSERT_MANY, params)
+    dependency_ids = _dependency_ids(task)
+    with _statements(alias, bool(dependency_ids)), connections[alias].cursor() as cursor:
+        params = _params(task, *_initial_state(cursor, dependency_ids))
+        cursor.execute(
+            _INSERT_MANY,
+            {**params, "args": [a for a, _ in encoded], "kwargs": [k for _, k in encoded]},
+        )
         rows = cursor.fetchall()
-    return [_build(task, a, k, row, alias) for (a, k), row in zip(encoded, rows, strict=True)]
+        if dependency_ids:
+            cursor.execute(_INSERT_DEPENDENCIES, [[row[0] for row in rows], dependency_ids])
+    return [_build(params, a, k, row, alias) for (a, k), row in zip(encoded, rows, strict=True)]

@@ -133,17 +133,36 @@ class Job(models.Model):
         return self
 
     def cancel(self, reason: str = "cancelled") -> str | None:
-        """Cancel this job: a pending or waiting job ends at once; a running one is asked to
-        stop, and its worker stops it within a heartbeat interval. Returns the job's state after
-        the call, or ``None`` if it had already finished."""
+        """Cancel this job and what hangs off it: a pending or waiting job ends at once, a
+        running one is asked to stop (its worker stops it within a heartbeat interval); its
+        descendants likewise, and its dependents once it has ended. Returns the job's state
+        after the call, or ``None`` if it had already finished."""
         from django.db import connections
 
-        from django_jobs import transitions
+        from django_jobs import workflows
 
         with connections[self._state.db or "default"].cursor() as cursor:
-            state = transitions.cancel(cursor, self.pk, reason)
+            state = workflows.cancel(cursor, self.pk, reason)
         self.refresh_from_db()
         return state
+
+    @property
+    def dependencies(self) -> models.QuerySet[Job]:
+        """The jobs this job waits for."""
+        return Job.objects.filter(dependent_links__job=self).order_by("id")
+
+    @property
+    def dependents(self) -> models.QuerySet[Job]:
+        """The jobs that wait for this job."""
+        return Job.objects.filter(dependency_links__depends_on=self).order_by("id")
+
+    @property
+    def root(self) -> Job:
+        """The topmost ancestor through ``parent`` (the job itself if it has no parent)."""
+        job = self
+        while job.parent_id is not None:
+            job = Job.objects.get(pk=job.parent_id)
+        return job
 
 
 class Attempt(models.Model):

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_jobs import conf, transitions
+from django_jobs import conf, transitions, workflows
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
@@ -51,6 +51,7 @@ class ReapAction:
 class ReapReport:
     actions: list[ReapAction] = dataclasses.field(default_factory=list)
     dry_run: bool = False
+    repaired: list[int] = dataclasses.field(default_factory=list)
 
     def count(self, state: str | None) -> int:
         return sum(1 for a in self.actions if a.new_state == state)
@@ -66,6 +67,7 @@ class ReapReport:
             f"reaped {self.reaped} job(s): {self.count('pending')} retried, "
             f"{self.count('error')} failed, {self.count('cancelled')} cancelled; "
             f"{self.count(None)} skipped"
+            + (f"; settled {len(self.repaired)} waiting job(s)" if self.repaired else "")
         )
 
 
@@ -88,7 +90,7 @@ def end_attempts(
         delay = _retry_delay(job)
         state = None
         if not dry_run:
-            state = transitions.reap(
+            ended = transitions.reap(
                 cursor,
                 job.lease,
                 outcome,
@@ -97,6 +99,10 @@ def end_attempts(
                 silence=silence,
                 timeout_grace=grace,
             )
+            if ended is not None:
+                state = ended.state
+                if ended.needs_settling:
+                    workflows.settle(cursor, job.lease.job_id)
         action = ReapAction(job, outcome, reason, state, delay)
         actions.append(action)
         line = action.describe(dry_run)
@@ -126,6 +132,13 @@ def reap(
     grace = conf.timeout_grace()
     report = ReapReport(dry_run=dry_run)
     with connections[conf.database_alias()].cursor() as cursor:
+        if not dry_run:
+            report.repaired = workflows.repair(cursor)
+            for job_id in report.repaired:
+                line = f"settled job {job_id}: it was waiting with nothing left to wait for"
+                logger.warning(line, extra={"job_id": job_id})
+                if emit:
+                    emit(line)
         running = transitions.running_jobs(cursor, grace)
         if not running:
             return report

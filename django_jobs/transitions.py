@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from django_jobs.states import Outcome, State
+from django_jobs.states import TERMINAL_STATES, Outcome, State
 
 JOB = "django_jobs_job"
 ATTEMPT = "django_jobs_attempt"
@@ -115,16 +115,24 @@ def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJ
 
 
 # Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
-# fenced on the lease, decides the job's next state in one place (done on success; cancelled if
-# cancellation was asked for; pending again, after the retry delay counted from the database's
-# now(), while attempts remain and the failure is retryable; error otherwise), and closes the
-# attempt row.
-# Index: the job's primary key, then attempt_job_number_idx for its attempt row.
+# fenced on the lease, decides the job's next state in one place, and closes the attempt row:
+# - success: done, or waiting if the job spawned children that are not finished yet (the parent
+#   is finalized when its last child ends, see workflows.py);
+# - cancelled if cancellation was asked for;
+# - pending again, after the retry delay counted from the database's now(), while attempts
+#   remain and the failure is retryable;
+# - error otherwise.
+# It also says whether the job has a parent or dependents, which then need settling.
+# Index: the job's primary key; job_parent_id for active children; attempt_job_number_idx.
 _END_ATTEMPT = f"""
 WITH target AS (
     SELECT id, attempt,
            CASE
-               WHEN %(outcome)s = 'done' THEN 'done'
+               WHEN %(outcome)s = 'done' THEN
+                   CASE WHEN EXISTS (
+                       SELECT 1 FROM {JOB} c
+                       WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
+                   ) THEN 'waiting' ELSE 'done' END
                WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
                WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
                ELSE 'error'
@@ -136,7 +144,7 @@ WITH target AS (
 ), job AS (
     UPDATE {JOB} j
     SET state = t.new_state,
-        finished_at = CASE WHEN t.new_state = 'pending' THEN NULL ELSE now() END,
+        finished_at = CASE WHEN t.new_state IN ('pending', 'waiting') THEN NULL ELSE now() END,
         run_after = CASE WHEN t.new_state = 'pending'
                          THEN now() + make_interval(secs => %(retry_delay)s)
                          ELSE j.run_after END,
@@ -145,7 +153,7 @@ WITH target AS (
         error = %(error)s
     FROM target t
     WHERE j.id = t.id
-    RETURNING j.id, j.state
+    RETURNING j.id, j.state, j.parent_id
 ), closed AS (
     UPDATE {ATTEMPT} a
     SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
@@ -153,9 +161,36 @@ WITH target AS (
     WHERE a.job_id = t.id AND a.number = t.attempt AND a.worker_id = %(worker_id)s
       AND a.outcome = 'running'
 )
-SELECT state FROM job
+SELECT state, parent_id,
+       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id)
+FROM job
 """
 _FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """Where an ended attempt left its job."""
+
+    job_id: int
+    state: str
+    parent_id: int | None
+    has_dependents: bool
+
+    @property
+    def needs_settling(self) -> bool:
+        """Whether workflows.settle() has work: a parent to finalize, dependents to promote or
+        cancel, or this job's own children to wait for."""
+        if self.state == State.WAITING:
+            return True
+        return self.state in TERMINAL_STATES and (self.parent_id is not None or self.has_dependents)
+
+
+def _ended(job_id: int, row: Sequence[Any] | None) -> Ended | None:
+    if row is None:
+        return None
+    state, parent_id, has_dependents = row
+    return Ended(job_id, State(state).value, parent_id, bool(has_dependents))
 
 
 def _end_params(
@@ -193,8 +228,8 @@ def finish(
     traceback: str = "",
     retryable: bool = True,
     retry_delay: float = 0.0,
-) -> str | None:
-    """End the attempt of ``lease`` with ``outcome``; return the job's new state.
+) -> Ended | None:
+    """End the attempt of ``lease`` with ``outcome``; say where the job went.
 
     Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
     """
@@ -210,8 +245,7 @@ def finish(
             retry_delay=retry_delay,
         ),
     )
-    row = cursor.fetchone()
-    return None if row is None else State(row[0]).value
+    return _ended(lease.job_id, cursor.fetchone())
 
 
 # Release: hand an unfinished job back at shutdown. The attempt is given back too, since the job
@@ -330,7 +364,7 @@ def reap(
     retry_delay: float,
     silence: float | None,
     timeout_grace: float,
-) -> str | None:
+) -> Ended | None:
     """End a lost or overdue attempt as ``outcome`` (``lost`` or ``timeout``).
 
     The job must still be running under ``lease``, and either overdue or its worker silent (no
@@ -349,8 +383,7 @@ def reap(
     )
     params.update(silence=silence, timeout_grace=timeout_grace)
     cursor.execute(_REAP, params)
-    row = cursor.fetchone()
-    return None if row is None else State(row[0]).value
+    return _ended(lease.job_id, cursor.fetchone())
 
 
 # Candidates for the reaper: running jobs whose worker has no fresh heartbeat, or that overran

@@ -115,7 +115,6 @@ def test_unique_key_returns_the_active_job_instead_of_a_duplicate() -> None:
     assert Job.objects.count() == 1
 
 
-def test_depends_on_is_refused_until_supported() -> None:
-    parent = echo.enqueue()
-    with pytest.raises(InvalidOption):
-        echo.using(depends_on=[parent]).enqueue()
+def test_enqueue_many_refuses_a_unique_key() -> None:
+    with pytest.raises(InvalidOption, match="cannot take a unique_key"):
+        echo.using(unique_key="k").enqueue_many([((), {})])

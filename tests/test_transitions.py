@@ -107,8 +107,10 @@ def test_concurrent_claims_never_hand_out_a_job_twice() -> None:
 
 
 def finish(lease, outcome=Outcome.DONE, **kwargs):
+    """The job's state after a finish, or None if the lease was lost."""
     with connection.cursor() as cursor:
-        return transitions.finish(cursor, lease, outcome, **kwargs)
+        ended = transitions.finish(cursor, lease, outcome, **kwargs)
+    return None if ended is None else ended.state
 
 
 def test_finish_stores_the_result_and_closes_the_attempt() -> None:

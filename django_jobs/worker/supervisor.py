@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from django_jobs import conf, transitions
+from django_jobs import conf, transitions, workflows
 from django_jobs.reaper import end_attempts
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
@@ -330,6 +330,9 @@ class Supervisor:
         slot.job = None
         slot.deadline = None
         self._record(job, message, elapsed)
+        # The job may have made work ready (children it spawned, dependents its end promotes):
+        # look again rather than wait for the next poll.
+        self.queue_may_have_work = True
 
     def _executor_died(self, slot: Slot) -> None:
         job = slot.job
@@ -425,7 +428,7 @@ class Supervisor:
                 retry_delay = conf.retry_backoff()[0]
 
         def write(cursor: Any) -> None:
-            state = transitions.finish(
+            ended = transitions.finish(
                 cursor,
                 job.lease,
                 report.outcome,
@@ -436,12 +439,25 @@ class Supervisor:
                 retry_delay=retry_delay,
             )
             fields = {**_job_fields(job, self.worker_id), "duration": round(elapsed, 3)}
-            if state is None:
+            if ended is None:
                 self._lease_lost(job, f"could not record outcome {report.outcome}")
-            elif state == "done":
+                return
+            state = ended.state
+            if ended.needs_settling:
+                # After the finish has committed, in statements of their own (workflows.py).
+                self.outbox.append((f"settle job {job.id}", lambda c: workflows.settle(c, job.id)))
+            if state == "done":
                 self.stats.done += 1
                 logger.info(
                     "job %d done in %.3fs", job.id, elapsed, extra={**fields, "state": state}
+                )
+            elif state == "waiting":
+                self.stats.done += 1
+                logger.info(
+                    "job %d returned in %.3fs; waiting for its children",
+                    job.id,
+                    elapsed,
+                    extra={**fields, "state": state},
                 )
             elif state == "pending":
                 self.stats.failed += 1

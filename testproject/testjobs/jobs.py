@@ -105,3 +105,28 @@ async def async_echo(value: Any) -> Any:
 
     await asyncio.sleep(0.01)
     return value
+
+
+@job(name="tests.fan_out", takes_context=True, max_attempts=1)
+def fan_out(context: JobContext, children: int, seconds: float = 0.0) -> int:
+    """Spawn ``children`` record jobs in one statement, then return at once."""
+    record.using(parent=context.job_id).enqueue_many(
+        ((), {"note": f"child {i}", "seconds": seconds}) for i in range(children)
+    )
+    return children
+
+
+@job(name="tests.tree", takes_context=True, max_attempts=1)
+def tree(context: JobContext, depth: int) -> int:
+    """Spawn one child a level down until depth 0, recording each level."""
+    Execution.objects.create(
+        job_id=context.job_id,
+        attempt=context.attempt,
+        worker_id=context.worker_id,
+        pid=os.getpid(),
+        note=f"depth {depth}",
+    )
+    if depth > 0:
+        context.spawn(tree, depth - 1)
+        context.spawn("tests.noop")
+    return depth
