@@ -122,3 +122,19 @@ def kubernetes_options() -> dict[str, Any]:
     ``namespace``, ``label_selector``, ``ca_file``, ``verify``, ``kubeconfig``). Default ``{}``:
     use the pod's service account."""
     return dict(_get("JOBS_KUBERNETES", {}))
+
+
+def listen() -> bool:
+    """``JOBS_LISTEN``: whether idle workers LISTEN for enqueue notifications and wake at once.
+    Default True. Polling (``JOBS_POLL_INTERVAL``) remains the safety net either way. Behind
+    pgbouncer in transaction-pooling mode, LISTEN cannot work through the pooler: set this to
+    False, or point ``JOBS_LISTEN_DATABASE_URL`` at the server directly."""
+    return bool(_get("JOBS_LISTEN", True))
+
+
+def listen_database_url() -> str | None:
+    """``JOBS_LISTEN_DATABASE_URL``: a libpq URL for the worker's one LISTEN connection, for
+    when ``JOBS_DATABASE`` goes through a transaction-pooling pgbouncer. Default: none (use the
+    ``JOBS_DATABASE`` connection settings)."""
+    value = _get("JOBS_LISTEN_DATABASE_URL", None)
+    return str(value) if value else None

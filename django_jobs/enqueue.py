@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_jobs import conf
+from django_jobs import conf, db
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
@@ -92,7 +92,12 @@ _COLUMNS = (
     "task, queue, priority, state, args, kwargs, max_attempts, timeout, run_after, parent_id,"
     " unique_key, error, finished_at"
 )
-_RETURNING = "id, state, attempt, run_after, created_at, finished_at"
+# The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now;
+# the notification is delivered when the enqueueing transaction commits, and never if it rolls
+# back. It carries only the queue name.
+_RETURNING = f"""id, state, attempt, run_after, created_at, finished_at,
+    (CASE WHEN state = 'pending' AND run_after <= now()
+          THEN pg_notify('{db.CHANNEL}', queue) END) IS NULL"""
 
 # run_after is a given timestamp or the database clock plus a delay, never an app clock.
 # now() is the transaction's clock, which the claim compares run_after with.
@@ -144,7 +149,7 @@ def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
     """The state a new job starts in, given its dependencies; and the reason if cancelled."""
     if not dependency_ids:
         return State.PENDING.value, ""
-    cursor.execute(_LOCK_DEPENDENCIES, [dependency_ids])
+    db.execute(cursor, _LOCK_DEPENDENCIES, [dependency_ids])
     found = cursor.fetchall()
     missing = sorted(set(dependency_ids) - {row[0] for row in found})
     if missing:
@@ -183,7 +188,7 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
 def _build(
     params: dict[str, Any], args_json: str, kwargs_json: str, row: Sequence[Any], alias: str
 ) -> Job:
-    job_id, state, attempt, run_after, created_at, finished_at = row
+    job_id, state, attempt, run_after, created_at, finished_at, _ = row
     job = Job(
         id=job_id,
         task=params["task"],
@@ -231,15 +236,15 @@ def enqueue(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         params.update(args=args_json, kwargs=kwargs_json)
         while True:
-            cursor.execute(_INSERT_ONE, params)
+            db.execute(cursor, _INSERT_ONE, params)
             row = cursor.fetchone()
             if row is not None:
                 if dependency_ids:
-                    cursor.execute(_INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
+                    db.execute(cursor, _INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
                 return _build(params, args_json, kwargs_json, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
-            cursor.execute(_FIND_ACTIVE_UNIQUE, [task.unique_key])
+            db.execute(cursor, _FIND_ACTIVE_UNIQUE, [task.unique_key])
             existing = cursor.fetchone()
             if existing is not None:
                 return Job.objects.using(alias).get(pk=existing[0])
@@ -262,11 +267,12 @@ def enqueue_many(
     dependency_ids = _dependency_ids(task)
     with _statements(alias, bool(dependency_ids)), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
-        cursor.execute(
+        db.execute(
+            cursor,
             _INSERT_MANY,
             {**params, "args": [a for a, _ in encoded], "kwargs": [k for _, k in encoded]},
         )
         rows = cursor.fetchall()
         if dependency_ids:
-            cursor.execute(_INSERT_DEPENDENCIES, [[row[0] for row in rows], dependency_ids])
+            db.execute(cursor, _INSERT_DEPENDENCIES, [[row[0] for row in rows], dependency_ids])
     return [_build(params, a, k, row, alias) for (a, k), row in zip(encoded, rows, strict=True)]

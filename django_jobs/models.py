@@ -146,6 +146,33 @@ class Job(models.Model):
         self.refresh_from_db()
         return state
 
+    def retry(self) -> bool:
+        """Requeue this job if it ended in error or was cancelled, with a fresh budget of
+        attempts (its task's ``max_attempts``). Returns False if its state does not allow it,
+        a dependency is not done, or another active job holds its unique key."""
+        from django.db import connections
+
+        from django_jobs import transitions
+        from django_jobs.registry import registry
+
+        task = registry.find(self.task)
+        budget = task.effective_max_attempts if task is not None else self.max_attempts
+        with connections[self._state.db or "default"].cursor() as cursor:
+            done = transitions.retry(cursor, self.pk, budget)
+        self.refresh_from_db()
+        return done
+
+    def run_now(self) -> bool:
+        """Make this pending job ready at once. Returns False if it is not pending."""
+        from django.db import connections
+
+        from django_jobs import transitions
+
+        with connections[self._state.db or "default"].cursor() as cursor:
+            done = transitions.run_now(cursor, self.pk)
+        self.refresh_from_db()
+        return done
+
     @property
     def dependencies(self) -> models.QuerySet[Job]:
         """The jobs this job waits for."""

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
-from django_jobs import conf, transitions, workflows
+from django_jobs import conf, db, transitions, workflows
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
@@ -72,7 +72,7 @@ class ReapReport:
 
 
 def _retry_delay(job: RunningJob) -> float:
-    task = registry._tasks.get(job.task)
+    task = registry.find(job.task)
     return task.backoff(job.lease.attempt) if task is not None else conf.retry_backoff()[0]
 
 
@@ -90,15 +90,22 @@ def end_attempts(
         delay = _retry_delay(job)
         state = None
         if not dry_run:
-            ended = transitions.reap(
-                cursor,
-                job.lease,
-                outcome,
-                error=f"{outcome}: {reason}",
-                retry_delay=delay,
-                silence=silence,
-                timeout_grace=grace,
-            )
+            try:
+                ended = transitions.reap(
+                    cursor,
+                    job.lease,
+                    outcome,
+                    error=f"{outcome}: {reason}",
+                    retry_delay=delay,
+                    silence=silence,
+                    timeout_grace=grace,
+                )
+            except DatabaseError as exc:
+                if not db.is_timeout(exc):
+                    raise
+                # A lock or statement wait ran out: leave this job for the next pass.
+                logger.warning("job %d: %s; trying again next pass", job.lease.job_id, exc)
+                ended = None
             if ended is not None:
                 state = ended.state
                 if ended.needs_settling:

@@ -191,6 +191,10 @@ class Registry:
         except KeyError:
             raise UnknownTask(name) from None
 
+    def find(self, name: str) -> Task | None:
+        """The task registered as ``name``, or None."""
+        return self._tasks.get(name)
+
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 

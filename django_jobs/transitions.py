@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from django_jobs import db
 from django_jobs.states import TERMINAL_STATES, Outcome, State
 
 JOB = "django_jobs_job"
@@ -94,7 +95,7 @@ def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
 def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
     sql, params = claim_sql(queues)
-    cursor.execute(sql, {"worker_id": worker_id, **params})
+    db.execute(cursor, sql, {"worker_id": worker_id, **params})
     row = cursor.fetchone()
     if row is None:
         return None
@@ -233,7 +234,8 @@ def finish(
 
     Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
     """
-    cursor.execute(
+    db.execute(
+        cursor,
         _FINISH,
         _end_params(
             lease,
@@ -256,7 +258,7 @@ WITH job AS (
     SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now()
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s
-    RETURNING id
+    RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
 ), closed AS (
     UPDATE {ATTEMPT} SET finished_at = now(), outcome = 'released',
                          error = 'released at worker shutdown'
@@ -269,7 +271,7 @@ SELECT id FROM job
 
 def release(cursor: Any, lease: Lease) -> bool:
     """Put a running job back to pending without using up an attempt. False if lease lost."""
-    cursor.execute(_RELEASE, dataclasses.asdict(lease))
+    db.execute(cursor, _RELEASE, dataclasses.asdict(lease))
     return cursor.fetchone() is not None
 
 
@@ -316,7 +318,8 @@ def heartbeat(cursor: Any, worker: WorkerInfo, leases: Sequence[Lease]) -> dict[
     """Record that ``worker`` is alive; report on each of its leases (missing id: job deleted)."""
     import json
 
-    cursor.execute(
+    db.execute(
+        cursor,
         _HEARTBEAT,
         {
             **dataclasses.asdict(worker),
@@ -332,7 +335,7 @@ def heartbeat(cursor: Any, worker: WorkerInfo, leases: Sequence[Lease]) -> dict[
 
 
 def unregister_worker(cursor: Any, worker_id: str) -> None:
-    cursor.execute("DELETE FROM django_jobs_worker WHERE id = %s", [worker_id])
+    db.execute(cursor, "DELETE FROM django_jobs_worker WHERE id = %s", [worker_id])
 
 
 # Reap: end the attempt of a running job whose worker is gone, or that overran its timeout. The
@@ -382,7 +385,7 @@ def reap(
         retry_delay=retry_delay,
     )
     params.update(silence=silence, timeout_grace=timeout_grace)
-    cursor.execute(_REAP, params)
+    db.execute(cursor, _REAP, params)
     return _ended(lease.job_id, cursor.fetchone())
 
 
@@ -417,7 +420,7 @@ class RunningJob:
 
 
 def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
-    cursor.execute(_REAP_CANDIDATES, {"timeout_grace": timeout_grace})
+    db.execute(cursor, _REAP_CANDIDATES, {"timeout_grace": timeout_grace})
     jobs = []
     for row in cursor.fetchall():
         job_id, attempt, worker_id, task, max_attempts, timeout, *rest = row
@@ -459,17 +462,57 @@ RETURNING j.state
 def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
     """Cancel one job. Returns ``"cancelled"``, ``"running"`` (cancellation requested), or
     ``None`` if the job is already finished (or does not exist)."""
-    cursor.execute(_CANCEL, {"job_id": job_id, "reason": reason})
+    db.execute(cursor, _CANCEL, {"job_id": job_id, "reason": reason})
     row = cursor.fetchone()
     return None if row is None else row[0]
 
 
 def delete_worker_if_idle(cursor: Any, worker_id: str) -> None:
     """Forget a dead worker once none of its jobs is running any more."""
-    cursor.execute(
+    db.execute(
+        cursor,
         f"""
         DELETE FROM django_jobs_worker w WHERE w.id = %s
         AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.state = 'running' AND j.worker_id = w.id)
         """,
         [worker_id],
     )
+
+
+# Retry (an operator's action): a job that ended in error or was cancelled goes back to pending,
+# ready now, with a fresh budget of attempts. Refused while one of its dependencies is not done,
+# or while another active job holds its unique key. Index: the primary key.
+_RETRY = f"""
+UPDATE {JOB} j
+SET state = 'pending', max_attempts = j.attempt + %(budget)s, run_after = now(),
+    finished_at = NULL, worker_id = NULL, cancel_requested = false, result = NULL, error = ''
+WHERE j.id = %(job_id)s AND j.state IN ('error', 'cancelled')
+  AND NOT EXISTS (
+      SELECT 1 FROM django_jobs_dependency d JOIN {JOB} dj ON dj.id = d.depends_on_id
+      WHERE d.job_id = j.id AND dj.state <> 'done')
+  AND NOT EXISTS (
+      SELECT 1 FROM {JOB} o
+      WHERE o.unique_key = j.unique_key AND o.id <> j.id
+        AND o.state IN ('waiting', 'pending', 'running'))
+RETURNING pg_notify('{db.CHANNEL}', j.queue) IS NULL
+"""
+
+
+def retry(cursor: Any, job_id: int, budget: int) -> bool:
+    """Requeue a failed or cancelled job with ``budget`` more attempts. False if not allowed."""
+    db.execute(cursor, _RETRY, {"job_id": job_id, "budget": budget})
+    return cursor.fetchone() is not None
+
+
+# Run now: a pending job scheduled for later becomes ready at once. Index: the primary key.
+_RUN_NOW = f"""
+UPDATE {JOB} SET run_after = now()
+WHERE id = %(job_id)s AND state = 'pending'
+RETURNING pg_notify('{db.CHANNEL}', queue) IS NULL
+"""
+
+
+def run_now(cursor: Any, job_id: int) -> bool:
+    """Make a pending job ready now. False if it is not pending."""
+    db.execute(cursor, _RUN_NOW, {"job_id": job_id})
+    return cursor.fetchone() is not None

@@ -27,6 +27,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from django_jobs import db
 from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, sql_in
 
 logger = logging.getLogger("django_jobs.workflows")
@@ -50,7 +51,8 @@ WITH page AS (
           SELECT 1 FROM {DEP} d2 JOIN {JOB} dj ON dj.id = d2.depends_on_id
           WHERE d2.job_id = w.id AND dj.state <> 'done'
       )
-    RETURNING w.id
+    RETURNING w.id, (CASE WHEN w.run_after <= now()
+                          THEN pg_notify('{db.CHANNEL}', w.queue) END) IS NULL
 )
 SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM promoted)
 """
@@ -105,13 +107,13 @@ RETURNING p.state
 
 
 def _job(cursor: Any, job_id: int) -> tuple[str, int | None, int, str] | None:
-    cursor.execute(f"SELECT state, parent_id, attempt, task FROM {JOB} WHERE id = %s", [job_id])
+    db.execute(cursor, f"SELECT state, parent_id, attempt, task FROM {JOB} WHERE id = %s", [job_id])
     return cursor.fetchone()
 
 
 def finalize_parent(cursor: Any, job_id: int) -> str | None:
     """Finalize ``job_id`` if it waits for children and none is active; return its new state."""
-    cursor.execute(_FINALIZE_PARENT, {"job_id": job_id})
+    db.execute(cursor, _FINALIZE_PARENT, {"job_id": job_id})
     row = cursor.fetchone()
     if row is not None:
         logger.info(
@@ -127,7 +129,7 @@ def promote_dependents(cursor: Any, job_id: int) -> int:
     """Move waiting dependents of ``job_id`` whose dependencies are all done to pending."""
     promoted, after = 0, 0
     while True:
-        cursor.execute(_PROMOTE, {"job_id": job_id, "after": after, "batch": BATCH})
+        db.execute(cursor, _PROMOTE, {"job_id": job_id, "after": after, "batch": BATCH})
         last, count = cursor.fetchone()
         promoted += count
         if last is None:
@@ -143,7 +145,8 @@ def cancel_downstream(cursor: Any, job_id: int, reason: str) -> list[tuple[int, 
     while frontier:
         upstream, after = frontier.popleft(), 0
         while True:
-            cursor.execute(
+            db.execute(
+                cursor,
                 _CANCEL_DEPENDENTS,
                 {"job_id": upstream, "after": after, "batch": BATCH, "reason": reason},
             )
@@ -225,7 +228,8 @@ def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
     while frontier:
         parent, after = frontier.popleft(), 0
         while True:
-            cursor.execute(
+            db.execute(
+                cursor,
                 _CANCEL_CHILDREN,
                 {"job_id": parent, "after": after, "batch": BATCH, "reason": child_reason},
             )
@@ -262,7 +266,7 @@ LIMIT %(limit)s
 def repair(cursor: Any, limit: int = 1000) -> list[int]:
     """Settle waiting jobs that have nothing left to wait for (after a crash between a job's end
     and the settling that should have followed it). Returns the ids it looked at."""
-    cursor.execute(_UNSETTLED, {"limit": limit})
+    db.execute(cursor, _UNSETTLED, {"limit": limit})
     stuck = [row[0] for row in cursor.fetchall()]
     for job_id in stuck:
         row = _job(cursor, job_id)
@@ -272,7 +276,7 @@ def repair(cursor: Any, limit: int = 1000) -> list[int]:
             settle(cursor, job_id)
             continue
         # A dependency-waiting job: settle the dependencies, which promotes or cancels it.
-        cursor.execute(f"SELECT depends_on_id FROM {DEP} WHERE job_id = %s", [job_id])
+        db.execute(cursor, f"SELECT depends_on_id FROM {DEP} WHERE job_id = %s", [job_id])
         for (upstream,) in cursor.fetchall():
             settle(cursor, upstream)
     return stuck

@@ -25,6 +25,10 @@ ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/django_jobs"),
 }
+# Behind pgbouncer in transaction-pooling mode (DATABASE_POOLER=transaction): no server-side
+# cursors, which would need a session. Django's psycopg backend prepares no statements by default.
+if env.str("DATABASE_POOLER", default="") == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -81,6 +85,10 @@ for _name, _cast in [
     ("JOBS_POLL_INTERVAL", float),
     ("JOBS_TIMEOUT_GRACE", float),
     ("JOBS_LIVENESS_CHECK", str),
+    ("JOBS_LISTEN", lambda v: v.lower() in ("1", "true", "yes")),
+    ("JOBS_LISTEN_DATABASE_URL", str),
+    ("JOBS_LOCK_TIMEOUT_MS", int),
+    ("JOBS_STATEMENT_TIMEOUT_MS", int),
 ]:
     if _name in env.ENVIRON:
         globals()[_name] = _cast(env.ENVIRON[_name])

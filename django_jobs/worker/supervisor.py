@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from django_jobs import conf, transitions, workflows
+from django_jobs import conf, db, transitions, workflows
 from django_jobs.reaper import end_attempts
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
@@ -37,6 +37,7 @@ from django_jobs.transitions import ClaimedJob, WorkerInfo
 from django_jobs.worker.connection import QueueConnection, is_connection_fatal
 from django_jobs.worker.executor import Assignment, Report, executor_main
 from django_jobs.worker.identity import base_name, name_of, new_worker_id
+from django_jobs.worker.wakeup import Wakeup
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -105,6 +106,9 @@ class Supervisor:
         self.kill_grace = conf.kill_grace()
 
         self.db = QueueConnection(conf.database_alias(), self.worker_id)
+        self.wakeup = (
+            Wakeup(conf.database_alias(), self.worker_id, self.queues) if conf.listen() else None
+        )
         self.info = WorkerInfo(
             id=self.worker_id,
             name=self.name,
@@ -128,7 +132,7 @@ class Supervisor:
         self.db_retry_at = 0.0
         self.db_failures = 0
         self.outbox_failures = 0
-        self.last_error_fatal = False
+        self.last_error_transient = False
         self._mp = multiprocessing.get_context("spawn")
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -161,6 +165,8 @@ class Supervisor:
                     "unregister", lambda c: transitions.unregister_worker(c, self.worker_id)
                 )
             self.db.close()
+            if self.wakeup is not None:
+                self.wakeup.close()
             if previous_handlers:
                 self._restore_signal_handlers(previous_handlers)
             logger.info(
@@ -213,6 +219,8 @@ class Supervisor:
             self._recover_earlier_boots()
         if now >= self.next_poll:
             self.queue_may_have_work = True
+        if self.wakeup is not None:
+            self.wakeup.ensure()
         self._fill_slots()
         self._wait(self._next_timeout())
         self._enforce_deadlines()
@@ -298,7 +306,12 @@ class Supervisor:
         for slot in self.slots:
             waitables.append(slot.conn)
             waitables.append(slot.process.sentinel)
+        listen_fd = self.wakeup.fileno() if self.wakeup is not None else None
+        if listen_fd is not None:
+            waitables.append(listen_fd)
         ready = wait(waitables, timeout)
+        if listen_fd is not None and listen_fd in ready and self.wakeup.drain():
+            self.queue_may_have_work = True
         if self._wake_r in ready:
             try:
                 while self._wake_r.recv(4096):
@@ -419,7 +432,7 @@ class Supervisor:
         """Turn an executor's report into the job's finish write (queued in the outbox)."""
         retry_delay = 0.0
         if report.outcome != Outcome.DONE and report.retryable:
-            task = registry._tasks.get(job.task)
+            task = registry.find(job.task)
             if report.retry_after is not None:
                 retry_delay = report.retry_after
             elif task is not None:
@@ -538,7 +551,7 @@ class Supervisor:
                 self.outbox_failures = 0
                 continue
             self.outbox_failures += 1
-            if not self.last_error_fatal and self.outbox_failures >= 5:
+            if not self.last_error_transient and self.outbox_failures >= 5:
                 # Not an outage but a write that keeps failing: give up on it rather than
                 # block every later one. The job stays running; the reaper recovers it.
                 logger.error("giving up on %s after %d failures", description, self.outbox_failures)
@@ -577,8 +590,9 @@ class Supervisor:
             self.db_failures += 1
             delay = min(30.0, 0.5 * 2 ** min(self.db_failures, 6)) * random.uniform(0.5, 1.0)
             self.db_retry_at = time.monotonic() + delay
-            self.last_error_fatal = is_connection_fatal(exc)
-            level = logging.WARNING if self.last_error_fatal else logging.ERROR
+            # An outage or a bounded wait running out is retried for as long as it takes.
+            self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
+            level = logging.WARNING if self.last_error_transient else logging.ERROR
             logger.log(
                 level,
                 "database error during %s (%s: %s); retrying in %.1fs",

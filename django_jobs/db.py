@@ -1,0 +1,53 @@
+"""How the job system runs its own statements: with bounded lock and statement waits.
+
+A statement that runs as its own transaction (the connection is idle, in autocommit) is sent
+together with ``SET LOCAL lock_timeout`` and ``SET LOCAL statement_timeout`` in one simple-query
+message, which PostgreSQL runs as a single implicit transaction: one round trip, no session
+state left behind (so it works through pgbouncer in transaction-pooling mode), and a claim or
+finish can never hang behind a stuck lock. Inside a caller's transaction the statement runs as
+it is, so the caller's settings are not changed behind its back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from django_jobs import conf
+
+#: The NOTIFY channel; a notification's payload is the name of the queue that has work.
+CHANNEL = "django_jobs"
+
+# SQLSTATEs of a bounded wait that ran out: try again later; never a reason to fail a job.
+LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"
+
+
+def _raw_cursor(cursor: Any) -> Any:
+    # A Django CursorWrapper keeps the driver's cursor in .cursor; a psycopg cursor is itself.
+    return getattr(cursor, "cursor", cursor)
+
+
+def execute(cursor: Any, sql: str, params: Any = None) -> None:
+    """Execute ``sql`` with bounded waits when it is its own transaction (see above)."""
+    raw = _raw_cursor(cursor)
+    idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if not (idle and isinstance(raw, psycopg.ClientCursor)):
+        cursor.execute(sql, params)
+        return
+    prefix = (
+        f"SET LOCAL lock_timeout = {conf.lock_timeout_ms():d}; "
+        f"SET LOCAL statement_timeout = {conf.statement_timeout_ms():d}; "
+    )
+    cursor.execute(prefix + sql, params)
+    while raw.nextset():  # step past the two SETs to the statement's own result
+        pass
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the driver error behind a Django one) is a bounded wait running out."""
+    for error in (exc, exc.__cause__):
+        if getattr(error, "sqlstate", None) in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+            return True
+    return False

@@ -1,0 +1,233 @@
+"""Connections: LISTEN/NOTIFY wake-up, bounded waits, multi-host DSNs, and a real pgbouncer in
+transaction-pooling mode in front of the test database."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+from django_jobs.models import Job
+from testproject.testjobs.jobs import echo, record, sleep
+from tests import pgbouncer as pgbouncer_launcher
+from tests.conftest import ROOT, connect, database_url, wait_for
+from tests.factories import AttemptFactory, JobFactory
+from tests.pgbouncer import PgBouncer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def started_after_commit(job: Job) -> float:
+    job.refresh_from_db()
+    return (job.started_at - job.created_at).total_seconds()
+
+
+def test_an_idle_worker_wakes_on_notify_not_on_its_poll(start_worker) -> None:
+    worker = start_worker("--poll-interval", "30", env={"JOBS_LISTEN": "true"})
+    time.sleep(2)  # let it start, poll once and go idle
+    job = echo.enqueue("wake up")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
+    assert started_after_commit(job) < 1.0  # polling alone would take up to 30s
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+
+
+def test_without_listen_the_worker_polls(start_worker) -> None:
+    worker = start_worker("--poll-interval", "0.5", env={"JOBS_LISTEN": "false"})
+    time.sleep(2)
+    job = echo.enqueue("found by polling")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+
+
+def test_a_rolled_back_enqueue_wakes_nobody() -> None:
+    from django.db import transaction
+
+    with connect() as listener:
+        listener.execute("LISTEN django_jobs")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            echo.enqueue()
+            raise RuntimeError("roll back")
+        assert list(listener.notifies(timeout=0.3)) == []
+        echo.using(queue="reports").enqueue()
+        notes = list(listener.notifies(timeout=1, stop_after=1))
+    assert [n.payload for n in notes] == ["reports"]  # the queue name, and nothing else
+
+
+def test_a_lock_timeout_delays_a_finish_but_never_fails_the_job(start_worker) -> None:
+    job = sleep.using(max_attempts=1).enqueue(0.5)
+    worker = start_worker("--burst", env={"JOBS_LOCK_TIMEOUT_MS": "100"})
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "running")
+    with connect() as blocker, blocker.transaction():
+        blocker.execute("SELECT 1 FROM django_jobs_job WHERE id = %s FOR UPDATE", [job.pk])
+        time.sleep(2.5)  # the finish keeps running into its 100 ms lock timeout
+        assert Job.objects.get(pk=job.pk).state == "running"
+    assert worker.wait(timeout=60) == 0, worker.output
+    job.refresh_from_db()
+    assert job.state == "done" and job.attempt == 1
+    assert "lock timeout" in worker.output
+
+
+def test_a_multi_host_url_reaches_the_writable_server(start_worker, worker_env) -> None:
+    s = connection.settings_dict
+    closed = pgbouncer_launcher.free_port()
+    url = (
+        f"postgres://{s['USER']}@127.0.0.1:{closed},{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
+        f"/{s['NAME']}?target_session_attrs=read-write"
+    )
+    job = echo.enqueue("via the second host")
+    worker = start_worker("--burst", env={"DATABASE_URL": url})
+    assert worker.wait() == 0, worker.output
+    assert Job.objects.get(pk=job.pk).state == "done"
+
+
+def test_the_job_system_keeps_no_session_state() -> None:
+    """No plain SET, no session advisory locks, no temp tables: safe behind any pooler."""
+    offenders = []
+    for path in (ROOT / "django_jobs").rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            # A SQL statement (a string, or after a semicolon) that is a SET but not SET LOCAL.
+            plain_set = re.search(r"""(["']|;\s*)SET\s+(?!LOCAL\b)""", code)
+            session_config = re.search(r"set_config\([^)]*\bfalse\b", code, re.IGNORECASE)
+            locks = re.search(r"pg_advisory_(un)?lock\(|TEMP(ORARY)? TABLE", code)
+            if plain_set or session_config or locks:
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+# ----------------------------------------------------------------------------------- pgbouncer
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A real pgbouncer in transaction-pooling mode, with a pool of 3 server connections."""
+    if not pgbouncer_launcher.installed():
+        if os.environ.get("CI"):
+            pytest.fail("pgbouncer is not installed; .ci/run installs Debian's pgbouncer")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    bouncer = pgbouncer_launcher.start(
+        host=db.get("HOST") or db.get("OPTIONS", {}).get("host") or "127.0.0.1",
+        port=db.get("PORT") or 5432,
+        user=db.get("USER") or "postgres",
+    )
+    yield bouncer
+    bouncer.stop()
+    # Its server connections may linger a moment; the test database is about to be dropped.
+    with connect() as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+def pooled_env(pgbouncer: PgBouncer, **extra: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": pgbouncer.url(connection.settings_dict["NAME"]),
+        "DATABASE_POOLER": "transaction",
+        **extra,
+    }
+
+
+def manage(worker_env: dict, env: dict, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env={**worker_env, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def test_the_whole_lifecycle_runs_through_pgbouncer_in_transaction_mode(
+    pgbouncer, worker_env, start_worker
+) -> None:
+    env = pooled_env(
+        pgbouncer, JOBS_LISTEN="false", JOBS_POLL_INTERVAL="0.2", JOBS_HEARTBEAT_INTERVAL="0.5"
+    )
+    # Enqueue through the pooler: plain jobs, a chain, a job to cancel and a job that fails.
+    manage(
+        worker_env,
+        env,
+        "shell",
+        "-c",
+        textwrap.dedent("""
+        from django.db import transaction
+        from testproject.testjobs.jobs import record, fail, sleep
+        with transaction.atomic():
+            jobs = record.enqueue_many(((), {"note": str(i)}) for i in range(40))
+            record.using(depends_on=[jobs[0], jobs[1]]).enqueue(note="after two")
+        fail.enqueue("to be retried")
+        sleep.using(queue="later").enqueue(60).cancel()
+    """),
+    )
+    # A running job of a worker that is gone, for reapjobs to recover through the pooler.
+    orphan = JobFactory(
+        claimed=True, worker_id="gone-pod:1:abcdef", max_attempts=2, task="tests.record"
+    )
+    AttemptFactory(job=orphan, number=1, worker_id=orphan.worker_id)
+    assert "reaped 1 job(s): 1 retried" in manage(worker_env, env, "reapjobs")
+    Job.objects.filter(pk=orphan.pk).update(run_after=orphan.created_at)
+
+    worker = start_worker("--burst", "--concurrency", "3", env=env)
+    assert worker.wait(timeout=120) == 0, worker.output
+    assert Job.objects.filter(task="tests.record", state="done").count() == 42
+    failed = Job.objects.get(task="tests.fail")
+    assert failed.state == "error"
+    assert Job.objects.get(task="tests.sleep").state == "cancelled"
+
+    # Retry through the pooler, and run the retried job.
+    manage(
+        worker_env,
+        env,
+        "shell",
+        "-c",
+        f"from django_jobs.models import Job; assert Job.objects.get(pk={failed.pk}).retry()",
+    )
+    worker = start_worker("--burst", env=env)
+    assert worker.wait(timeout=60) == 0, worker.output
+    failed.refresh_from_db()
+    assert failed.state == "error" and failed.attempt == 2  # it ran again (and failed again)
+
+    log = pgbouncer.log
+    assert "prepared statement" not in log and "ERROR" not in log, log
+    assert "database error" not in worker.output
+    pools = pgbouncer.console("SHOW POOLS")
+    mine = [p for p in pools if p["database"] == connection.settings_dict["NAME"]]
+    assert mine and all(p["sv_active"] + p["sv_idle"] + p["sv_used"] <= 3 for p in mine)
+
+
+def test_listen_goes_to_the_server_directly_while_queue_work_goes_through_pgbouncer(
+    pgbouncer, start_worker
+) -> None:
+    env = pooled_env(pgbouncer, JOBS_LISTEN="true", JOBS_LISTEN_DATABASE_URL=database_url())
+    worker = start_worker("--poll-interval", "30", env=env)
+    time.sleep(2)
+    job = record.enqueue(note="woken")
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
+    assert started_after_commit(job) < 1.0
+
+    server_ports = {s["local_port"] for s in pgbouncer.console("SHOW SERVERS")}
+    with connect() as observer:
+        listeners = observer.execute(
+            "SELECT client_port FROM pg_stat_activity"
+            " WHERE query ILIKE 'LISTEN%%' AND datname = current_database()"
+        ).fetchall()
+    assert len(listeners) == 1 and listeners[0][0] not in server_ports
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
