@@ -130,3 +130,9 @@ def tree(context: JobContext, depth: int) -> int:
         context.spawn(tree, depth - 1)
         context.spawn("tests.noop")
     return depth
+
+
+@job(name="tests.stamp", max_attempts=1)
+def stamp() -> float:
+    """Return the wall-clock time at which the job function started (for latency benches)."""
+    return time.time()
