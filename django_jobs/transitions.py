@@ -442,29 +442,40 @@ def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
 
 
 # Cancel: a pending or waiting job ends at once; a running one is flagged, and its worker stops it
-# at its next heartbeat. Index: the primary key.
-_CANCEL = f"""
-WITH target AS (
-    SELECT id, state FROM {JOB} WHERE id = %(job_id)s AND state IN ('pending', 'waiting', 'running')
-    FOR UPDATE
-)
+# at its next heartbeat. Also says whether each job has children or dependents, for the cascade
+# (workflows.cancel). One set-based statement per batch of ids. Index: the primary key; the
+# parent_id and dependency indexes for the two EXISTS.
+_CANCEL_MANY = f"""
 UPDATE {JOB} j
-SET state = CASE WHEN t.state = 'running' THEN 'running' ELSE 'cancelled' END,
+SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
     cancel_requested = true,
-    finished_at = CASE WHEN t.state = 'running' THEN NULL ELSE now() END,
-    error = CASE WHEN t.state = 'running' THEN j.error ELSE %(reason)s END
-FROM target t
-WHERE j.id = t.id
-RETURNING j.state
+    finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+    error = CASE WHEN j.state = 'running' THEN j.error ELSE %(reason)s END
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
+RETURNING j.id, j.state,
+          EXISTS (SELECT 1 FROM {JOB} c WHERE c.parent_id = j.id)
+          OR EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = j.id)
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class Cancelled:
+    job_id: int
+    state: str  # "cancelled", or "running" when cancellation was requested
+    linked: bool  # has children or dependents, which the cancellation cascades to
+
+
+def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> list[Cancelled]:
+    """Cancel jobs (see above); returns one entry per job changed. Finished jobs are skipped."""
+    db.execute(cursor, _CANCEL_MANY, {"ids": list(ids), "reason": reason})
+    return [Cancelled(job_id, state, linked) for job_id, state, linked in cursor.fetchall()]
 
 
 def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
     """Cancel one job. Returns ``"cancelled"``, ``"running"`` (cancellation requested), or
     ``None`` if the job is already finished (or does not exist)."""
-    db.execute(cursor, _CANCEL, {"job_id": job_id, "reason": reason})
-    row = cursor.fetchone()
-    return None if row is None else row[0]
+    changed = cancel_many(cursor, [job_id], reason)
+    return changed[0].state if changed else None
 
 
 def delete_worker_if_idle(cursor: Any, worker_id: str) -> None:
@@ -479,14 +490,31 @@ def delete_worker_if_idle(cursor: Any, worker_id: str) -> None:
     )
 
 
-# Retry (an operator's action): a job that ended in error or was cancelled goes back to pending,
-# ready now, with a fresh budget of attempts. Refused while one of its dependencies is not done,
-# or while another active job holds its unique key. Index: the primary key.
-_RETRY = f"""
+# Retry and run-now are operators' actions (the admin, Job.retry(), Job.run_now()); see their
+# set-based forms below, which the single-job functions use too.
+
+
+def retry(cursor: Any, job_id: int, budget: int) -> bool:
+    """Requeue a job that ended in error or was cancelled, ready now, with ``budget`` more
+    attempts. False if its state does not allow it, a dependency is not done, or another active
+    job holds its unique key."""
+    return retry_many(cursor, {job_id: budget}) == [job_id]
+
+
+def run_now(cursor: Any, job_id: int) -> bool:
+    """Make a pending job ready now. False if it is not pending."""
+    return run_now_many(cursor, [job_id]) == [job_id]
+
+
+# Retry: a job that ended in error or was cancelled goes back to pending, ready now, with a fresh
+# budget of attempts; refused while one of its dependencies is not done, or while another active
+# job holds its unique key. One set-based statement per batch of ids. Index: the primary key.
+_RETRY_MANY = f"""
 UPDATE {JOB} j
-SET state = 'pending', max_attempts = j.attempt + %(budget)s, run_after = now(),
+SET state = 'pending', max_attempts = j.attempt + b.budget, run_after = now(),
     finished_at = NULL, worker_id = NULL, cancel_requested = false, result = NULL, error = ''
-WHERE j.id = %(job_id)s AND j.state IN ('error', 'cancelled')
+FROM unnest(%(ids)s::bigint[], %(budgets)s::int[]) AS b(id, budget)
+WHERE j.id = b.id AND j.state IN ('error', 'cancelled')
   AND NOT EXISTS (
       SELECT 1 FROM django_jobs_dependency d JOIN {JOB} dj ON dj.id = d.depends_on_id
       WHERE d.job_id = j.id AND dj.state <> 'done')
@@ -494,25 +522,25 @@ WHERE j.id = %(job_id)s AND j.state IN ('error', 'cancelled')
       SELECT 1 FROM {JOB} o
       WHERE o.unique_key = j.unique_key AND o.id <> j.id
         AND o.state IN ('waiting', 'pending', 'running'))
-RETURNING pg_notify('{db.CHANNEL}', j.queue) IS NULL
+RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
 """
 
 
-def retry(cursor: Any, job_id: int, budget: int) -> bool:
-    """Requeue a failed or cancelled job with ``budget`` more attempts. False if not allowed."""
-    db.execute(cursor, _RETRY, {"job_id": job_id, "budget": budget})
-    return cursor.fetchone() is not None
+def retry_many(cursor: Any, budgets: dict[int, int]) -> list[int]:
+    """:func:`retry` for many jobs (id -> attempt budget); returns the ids requeued."""
+    db.execute(cursor, _RETRY_MANY, {"ids": list(budgets), "budgets": list(budgets.values())})
+    return [row[0] for row in cursor.fetchall()]
 
 
 # Run now: a pending job scheduled for later becomes ready at once. Index: the primary key.
-_RUN_NOW = f"""
+_RUN_NOW_MANY = f"""
 UPDATE {JOB} SET run_after = now()
-WHERE id = %(job_id)s AND state = 'pending'
-RETURNING pg_notify('{db.CHANNEL}', queue) IS NULL
+WHERE id = ANY(%(ids)s) AND state = 'pending'
+RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
 """
 
 
-def run_now(cursor: Any, job_id: int) -> bool:
-    """Make a pending job ready now. False if it is not pending."""
-    db.execute(cursor, _RUN_NOW, {"job_id": job_id})
-    return cursor.fetchone() is not None
+def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
+    """:func:`run_now` for many jobs; returns the ids made ready."""
+    db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)})
+    return [row[0] for row in cursor.fetchall()]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from django_jobs import db
@@ -210,28 +211,41 @@ SELECT NULL, id FROM changed
 """
 
 
-def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
-    """Cancel a job and everything hanging off it.
+def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> list[Any]:
+    """Cancel jobs and everything hanging off them.
 
-    The job itself: pending or waiting ends at once, running is asked to stop (its worker stops
-    it within a heartbeat interval). Its descendants likewise. Its dependents, transitively, are
-    cancelled once it has ended. Returns the job's state after the call, or ``None`` if it had
-    already finished.
+    Each job: pending or waiting ends at once, running is asked to stop (its worker stops it
+    within a heartbeat interval). Its descendants likewise. Its dependents, transitively, are
+    cancelled once it has ended. Returns :class:`~django_jobs.transitions.Cancelled` entries for
+    the jobs named in ``ids`` that changed.
     """
     from django_jobs import transitions
 
-    state = transitions.cancel(cursor, job_id, reason)
-    if state is None:
-        return None
+    changed = transitions.cancel_many(cursor, ids, reason)
+    for entry in changed:
+        if entry.linked:
+            _cancel_descendants(cursor, entry.job_id)
+            if entry.state == "cancelled":
+                settle(cursor, entry.job_id)
+    return changed
+
+
+def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
+    """Cancel one job and what hangs off it; its state after, or None if already finished."""
+    changed = cancel_many(cursor, [job_id], reason)
+    return changed[0].state if changed else None
+
+
+def _cancel_descendants(cursor: Any, job_id: int) -> None:
     frontier: deque[int] = deque([job_id])
-    child_reason = f"cancelled: ancestor job #{job_id} was cancelled"
+    reason = f"cancelled: ancestor job #{job_id} was cancelled"
     while frontier:
         parent, after = frontier.popleft(), 0
         while True:
             db.execute(
                 cursor,
                 _CANCEL_CHILDREN,
-                {"job_id": parent, "after": after, "batch": BATCH, "reason": child_reason},
+                {"job_id": parent, "after": after, "batch": BATCH, "reason": reason},
             )
             rows = cursor.fetchall()
             last = rows[0][0]
@@ -239,9 +253,6 @@ def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
             if last is None:
                 break
             after = last
-    if state == "cancelled":
-        settle(cursor, job_id)
-    return state
 
 
 # Jobs a crash may have left unsettled: waiting with nothing left to wait for. Index: a scan of
