@@ -1,0 +1,151 @@
+"""The admin in a real browser: headless Chromium (Debian's package) driven by Playwright.
+
+Screenshots land in ``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from django_jobs.models import Job
+from tests.conftest import ROOT
+from tests.factories import AttemptFactory, JobFactory
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = ROOT / "artifacts" / "screenshots"
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is not installed; .ci/run installs Debian's chromium")
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
+    # between browser steps are still plain synchronous code.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield browser
+        browser.close()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def operator() -> User:
+    return User.objects.create_superuser("operator", password="correct horse battery")
+
+
+def log_in(page, live_server) -> None:
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "correct horse battery")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#site-name")
+
+
+def make_jobs() -> list[Job]:
+    created = JobFactory().created_at
+    failed = []
+    for i in range(3):
+        job = JobFactory(
+            task="tests.fail",
+            state="error",
+            attempt=1,
+            max_attempts=1,
+            finished_at=created,
+            error=f"ValueError: feed {i} is broken",
+            kwargs={"feed": i, "api_key": "sk-live-123"},
+        )
+        AttemptFactory(
+            job=job,
+            number=1,
+            outcome="error",
+            finished_at=created,
+            error=job.error,
+            traceback=f'Traceback (most recent call last):\n  File "jobs.py", line 9\n'
+            f"ValueError: feed {i} is broken",
+        )
+        failed.append(job)
+    JobFactory.create_batch(4, finished=True, task="tests.echo")
+    JobFactory(claimed=True, task="tests.sleep", worker_id="jobs-worker-6d9c7f8b5d-2xkqp:1:a1b2c3")
+    return failed
+
+
+def test_an_operator_filters_errors_retries_them_and_inspects_a_job(
+    browser, live_server, operator
+) -> None:
+    failed = make_jobs()
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+
+    page.goto(f"{live_server.url}/admin/django_jobs/job/")
+    page.click("#changelist-filter >> text=Error")
+    page.wait_for_url("**/?state=error")
+    assert page.locator("#result_list tbody tr").count() == 3
+    page.screenshot(path=str(SHOTS / "job-list-errors.png"), full_page=True)
+
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "retry_selected")
+    page.click("button[name=index]")
+    message = page.locator(".messagelist li").first.inner_text()
+    assert message == "3 jobs requeued"
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in failed]).values_list("state", flat=True)
+    ) == {"pending"}
+    page.goto(f"{live_server.url}/admin/django_jobs/job/?state=pending")
+    assert page.locator("#result_list .dj-pending").count() >= 3
+    page.screenshot(path=str(SHOTS / "job-list-after-retry.png"), full_page=True)
+
+    page.click(f"#result_list a:text-is('{failed[0].pk}')")
+    page.wait_for_selector(".dj-timeline")
+    content = page.content()
+    assert "sk-live-123" not in content and "********" in content
+    page.click("summary:text('traceback')")
+    assert page.locator(".dj-traceback pre").first.is_visible()
+    page.screenshot(path=str(SHOTS / "job-page.png"), full_page=True)
+    context.close()
+
+
+def test_the_list_reads_well_in_dark_mode_and_on_a_narrow_window(
+    browser, live_server, operator
+) -> None:
+    make_jobs()
+    for name, options in [
+        ("job-list-dark.png", {"color_scheme": "dark", "viewport": {"width": 1400, "height": 800}}),
+        ("job-list-narrow.png", {"viewport": {"width": 420, "height": 900}}),
+    ]:
+        context = browser.new_context(**options)
+        page = context.new_page()
+        log_in(page, live_server)
+        page.goto(f"{live_server.url}/admin/django_jobs/job/")
+        assert page.locator("#result_list tbody tr").count() == 9
+        # No part of the page is wider than the window, except the table's own scroller.
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, overflow
+        page.screenshot(path=str(SHOTS / name), full_page=True)
+        context.close()
