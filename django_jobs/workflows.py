@@ -138,28 +138,33 @@ def promote_dependents(cursor: Any, job_id: int) -> int:
         after = last
 
 
-def cancel_downstream(cursor: Any, job_id: int, reason: str) -> list[tuple[int, int | None]]:
-    """Cancel every waiting or pending job downstream of ``job_id`` (transitively), in pages.
-    Returns ``(id, parent_id)`` of each job cancelled."""
-    cancelled: list[tuple[int, int | None]] = []
+def _cascade(cursor: Any, sql: str, job_id: int, reason: str) -> list[tuple[int, int | None]]:
+    """Walk breadth first from ``job_id``: ``sql`` changes one page of the next jobs linked to
+    one job and returns the page's last key, then ``(id, parent_id)`` of each job it changed,
+    which are walked in turn. Returns every job changed."""
+    changed: list[tuple[int, int | None]] = []
     frontier: deque[int] = deque([job_id])
     while frontier:
-        upstream, after = frontier.popleft(), 0
+        current, after = frontier.popleft(), 0
         while True:
             db.execute(
-                cursor,
-                _CANCEL_DEPENDENTS,
-                {"job_id": upstream, "after": after, "batch": BATCH, "reason": reason},
+                cursor, sql, {"job_id": current, "after": after, "batch": BATCH, "reason": reason}
             )
             rows = cursor.fetchall()
+            for _, changed_id, parent_id in rows[1:]:
+                changed.append((changed_id, parent_id))
+                frontier.append(changed_id)
             last = rows[0][0]
-            for _, cancelled_id, parent_id in rows[1:]:
-                cancelled.append((cancelled_id, parent_id))
-                frontier.append(cancelled_id)
             if last is None:
                 break
             after = last
-    return cancelled
+    return changed
+
+
+def cancel_downstream(cursor: Any, job_id: int, reason: str) -> list[tuple[int, int | None]]:
+    """Cancel every waiting or pending job downstream of ``job_id`` (transitively), in pages.
+    Returns ``(id, parent_id)`` of each job cancelled."""
+    return _cascade(cursor, _CANCEL_DEPENDENTS, job_id, reason)
 
 
 def settle(cursor: Any, job_id: int) -> None:
@@ -203,11 +208,11 @@ WITH page AS (
         error = CASE WHEN c.state = 'running' THEN c.error ELSE %(reason)s END
     FROM page
     WHERE c.id = page.id AND c.state IN {sql_in(ACTIVE_STATES)}
-    RETURNING c.id
+    RETURNING c.id, c.parent_id
 )
-SELECT (SELECT max(id) FROM page), NULL
+SELECT (SELECT max(id) FROM page), NULL, NULL
 UNION ALL
-SELECT NULL, id FROM changed
+SELECT NULL, id, parent_id FROM changed
 """
 
 
@@ -237,22 +242,7 @@ def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
 
 
 def _cancel_descendants(cursor: Any, job_id: int) -> None:
-    frontier: deque[int] = deque([job_id])
-    reason = f"cancelled: ancestor job #{job_id} was cancelled"
-    while frontier:
-        parent, after = frontier.popleft(), 0
-        while True:
-            db.execute(
-                cursor,
-                _CANCEL_CHILDREN,
-                {"job_id": parent, "after": after, "batch": BATCH, "reason": reason},
-            )
-            rows = cursor.fetchall()
-            last = rows[0][0]
-            frontier.extend(child_id for _, child_id in rows[1:])
-            if last is None:
-                break
-            after = last
+    _cascade(cursor, _CANCEL_CHILDREN, job_id, f"cancelled: ancestor job #{job_id} was cancelled")
 
 
 # Jobs a crash may have left unsettled: waiting with nothing left to wait for. Index: a scan of

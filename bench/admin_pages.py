@@ -1,0 +1,142 @@
+"""Admin pages at 1,000,000 jobs: the changelist (unfiltered, each filter, searches, a deep
+page) and a job's page, rendered by Django's test client against a filled database.
+
+    python bench/admin_pages.py [--rows 1000000] [--repeat 7]
+
+Prints the median and the worst time of each page in milliseconds. The database
+(``bench_admin``, or ``DATABASE_URL``) is filled once and reused while it has enough rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+URL = os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_admin")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+# A realistic table: mostly finished jobs over two weeks, a few thousand failed or cancelled,
+# a backlog of pending and waiting jobs, some running.
+FILL = """
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, attempt, max_attempts,
+                             run_after, worker_id, created_at, started_at, finished_at, error)
+SELECT 'app.tasks.task_' || (g %% 30),
+       (ARRAY['default', 'reports', 'imports'])[1 + g %% 3],
+       (g %% 5) - 2,
+       s.state,
+       '[1, "two"]', '{"report_id": 7}',
+       CASE WHEN s.state IN ('pending', 'waiting') THEN 0 ELSE 1 END,
+       3,
+       c.at,
+       CASE WHEN s.state IN ('pending', 'waiting') THEN NULL
+            ELSE 'jobs-worker-' || (g %% 40) || ':1:abcdef' END,
+       c.at,
+       CASE WHEN s.state IN ('pending', 'waiting') THEN NULL ELSE c.at + interval '1 second' END,
+       CASE WHEN s.state IN ('done', 'error', 'cancelled') THEN c.at + interval '30 seconds' END,
+       CASE WHEN s.state = 'error' THEN 'ValueError: broken feed ' || g ELSE '' END
+FROM generate_series(1, %(rows)s) g,
+     LATERAL (SELECT CASE WHEN g %% 1000 < 940 THEN 'done'
+                          WHEN g %% 1000 < 960 THEN 'error'
+                          WHEN g %% 1000 < 970 THEN 'cancelled'
+                          WHEN g %% 1000 < 990 THEN 'pending'
+                          WHEN g %% 1000 < 995 THEN 'waiting'
+                          ELSE 'running' END AS state) s,
+     LATERAL (SELECT now() - make_interval(secs => (%(rows)s - g) * 1.2) AS at) c
+"""
+
+PAGES = [
+    ("unfiltered", ""),
+    ("state = error", "?state=error"),
+    ("state = done", "?state=done"),
+    ("state = pending", "?state=pending"),
+    ("queue = reports", "?queue=reports"),
+    ("task = app.tasks.task_7", "?task=app.tasks.task_7"),
+    ("created in the last hour", "?created=1h"),
+    ("search: task prefix", "?q=app.tasks.task_2"),
+    ("search: exact id", "?q=777777"),
+    ("search: worker id", "?q=jobs-worker-17:"),
+    ("search: unique key", "?q=no-such-key"),
+    ("page 2,000", "?p=2000"),
+    ("errors, page 50", "?state=error&p=50"),
+]
+
+
+def prepare(rows: int) -> None:
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    parts = urlsplit(URL)
+    base = f"host={parts.hostname} port={parts.port or 5432} user={parts.username}"
+    with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as conn:
+        name = parts.path[1:]
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    with psycopg.connect(f"{base} dbname={parts.path[1:]}", autocommit=True) as conn:
+        have = conn.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
+        if have < rows:
+            print(f"filling {rows:,} jobs ...", flush=True)
+            conn.execute("TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency")
+            conn.execute(FILL, {"rows": rows})
+            conn.execute(
+                "INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at,"
+                " finished_at, outcome, error, traceback)"
+                " SELECT id, 1, worker_id, started_at, finished_at,"
+                " CASE state WHEN 'running' THEN 'running' WHEN 'done' THEN 'done'"
+                " WHEN 'cancelled' THEN 'cancelled' ELSE 'error' END, error, ''"
+                " FROM django_jobs_job WHERE worker_id IS NOT NULL"
+            )
+        conn.execute("VACUUM ANALYZE django_jobs_job")
+        conn.execute("VACUUM ANALYZE django_jobs_attempt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    prepare(args.rows)
+
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    from django_jobs.models import Job
+
+    setup_test_environment()
+    user, _ = User.objects.get_or_create(
+        username="bench-admin", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    job_id = Job.objects.filter(state="error").values_list("pk", flat=True).first()
+    pages = [*PAGES, ("job page", f"{job_id}/change/")]
+    print(f"| page ({args.rows:,} jobs) | median ms | worst ms | rows shown |")
+    print("|---|---|---|---|")
+    for label, query in pages:
+        url = "/admin/django_jobs/job/" + query
+        times = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            response = client.get(url)
+            times.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, (url, response.status_code)
+        shown = len(response.context["cl"].result_list) if "cl" in response.context else 1
+        print(
+            f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
+        )
+
+
+if __name__ == "__main__":
+    main()
