@@ -128,7 +128,11 @@ FILL = [
     FROM django_jobs_job j
     CROSS JOIN LATERAL generate_series(1, j.attempt) n(n)
     CROSS JOIN LATERAL (
-        SELECT coalesce(j.started_at, j.run_after - interval '2 minutes') AS at
+        SELECT coalesce(
+            j.started_at,
+            least(j.run_after, now() - make_interval(secs => j.id %% 3600))
+            - interval '2 minutes'
+        ) AS at
     ) b
     WHERE j.attempt > 0
     """,
