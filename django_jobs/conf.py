@@ -6,9 +6,12 @@ and nowhere else. Values are read on each call, so ``override_settings`` works i
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from datetime import timedelta
+from typing import Any, NamedTuple
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 def _get(name: str, default: Any) -> Any:
@@ -138,3 +141,62 @@ def listen_database_url() -> str | None:
     ``JOBS_DATABASE`` connection settings)."""
     value = _get("JOBS_LISTEN_DATABASE_URL", None)
     return str(value) if value else None
+
+
+class Retention(NamedTuple):
+    older_than: timedelta
+    states: tuple[str, ...]
+
+
+def retention() -> Retention:
+    """``JOBS_RETENTION``: what ``manage.py prunejobs`` deletes when given no options: finished
+    jobs in ``states`` whose ``finished_at`` is more than ``older_than`` ago, with their attempts
+    and dependency rows. A dict; missing keys keep their default. Default
+    ``{"older_than": "14d", "states": ["done", "cancelled", "error"]}``.
+
+    ``older_than`` is a ``timedelta``, a number of seconds, or a string such as ``"36h"`` or
+    ``"14d"`` (see :func:`parse_duration`). ``states`` may only name finished states."""
+    from django_jobs.states import TERMINAL_STATES
+
+    configured = dict(_get("JOBS_RETENTION", {}))
+    unknown = set(configured) - {"older_than", "states"}
+    if unknown:
+        raise ImproperlyConfigured(
+            f"JOBS_RETENTION has unknown keys {sorted(unknown)}; use 'older_than' and 'states'"
+        )
+    try:
+        older_than = parse_duration(configured.get("older_than", "14d"))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"JOBS_RETENTION['older_than']: {exc}") from None
+    states = configured.get("states", ("done", "cancelled", "error"))
+    if isinstance(states, str):
+        states = states.split(",")
+    states = tuple(str(s).strip() for s in states)
+    if not states or not set(states) <= TERMINAL_STATES:
+        raise ImproperlyConfigured(
+            f"JOBS_RETENTION['states'] must name finished states only "
+            f"({', '.join(sorted(TERMINAL_STATES))}), not {list(states)}"
+        )
+    return Retention(older_than, states)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?")
+_UNIT_SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str | float | timedelta) -> timedelta:
+    """A duration as written in settings and on the command line: a ``timedelta``, a number of
+    seconds, or a number with a unit (``s``, ``m``, ``h``, ``d``, ``w``): ``"90s"``, ``"12h"``,
+    ``"14d"``. Raises ``ValueError`` for anything else, or a negative duration."""
+    if isinstance(value, timedelta):
+        duration = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        duration = timedelta(seconds=value)
+    else:
+        match = _DURATION.fullmatch(str(value).strip().lower())
+        if match is None:
+            raise ValueError(f"expected a duration such as 90s, 15m, 12h, 14d or 2w, got {value!r}")
+        duration = timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    if duration < timedelta(0):
+        raise ValueError(f"a duration cannot be negative, got {value!r}")
+    return duration

@@ -7,8 +7,20 @@ import logging
 import sys
 from typing import Any
 
-# Fields that the worker and reaper attach to their records with ``extra=``.
-STRUCTURED_FIELDS = ("job_id", "task", "queue", "attempt", "worker_id", "duration", "state")
+# Fields that the worker and reaper attach to their records with ``extra=``. ``event`` names
+# what happened to a job: claim, finish, retry, release, lease_lost or reap; ``duration`` is the
+# attempt's run time in seconds so far; ``outcome`` is how the attempt ended.
+STRUCTURED_FIELDS = (
+    "event",
+    "job_id",
+    "task",
+    "queue",
+    "attempt",
+    "worker_id",
+    "duration",
+    "outcome",
+    "state",
+)
 
 
 class JSONFormatter(logging.Formatter):

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, Outcome, State
+from django_jobs.states import ACTIVE_STATES, FAILED_OUTCOMES, TERMINAL_STATES, Outcome, State
 
 
 class TransactionNow(models.Func):
@@ -112,6 +112,17 @@ class Job(models.Model):
             # Reaper, heartbeat checks and startup recovery: running jobs by worker.
             models.Index(
                 "worker_id", name="job_running_worker_idx", condition=Q(state=State.RUNNING)
+            ),
+            # The django_jobs_queue_summary view: waiting jobs per queue, oldest first.
+            models.Index(
+                "queue", "created_at", name="job_waiting_idx", condition=Q(state=State.WAITING)
+            ),
+            # prunejobs: finished jobs in (finished_at, id) order, for keyset batches.
+            models.Index(
+                "finished_at",
+                "id",
+                name="job_finished_idx",
+                condition=Q(state__in=sorted(TERMINAL_STATES)),
             ),
         ]
 
@@ -217,7 +228,18 @@ class Attempt(models.Model):
             ),
             models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
         ]
-        indexes = [models.Index("job", "number", name="attempt_job_number_idx")]
+        indexes = [
+            models.Index("job", "number", name="attempt_job_number_idx"),
+            # The django_jobs_recent_failures view: failed attempts, newest first.
+            models.Index(
+                "finished_at",
+                name="attempt_failed_idx",
+                condition=Q(outcome__in=sorted(FAILED_OUTCOMES)),
+            ),
+            # Migration 0003 also creates attempt_finished_minute_idx, an expression index on
+            # the UTC minute of finished_at, for the django_jobs_throughput and
+            # django_jobs_task_durations views (Django's Meta.indexes cannot express it).
+        ]
 
     def __str__(self) -> str:
         return f"#{self.job_id} attempt {self.number} ({self.outcome})"

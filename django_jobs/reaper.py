@@ -76,6 +76,18 @@ def _retry_delay(job: RunningJob) -> float:
     return task.backoff(job.lease.attempt) if task is not None else conf.retry_backoff()[0]
 
 
+def _log_details(cursor: Any, job_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Queue and run time so far of each job, for the structured fields of the reap log."""
+    if not job_ids:
+        return {}
+    cursor.execute(
+        "SELECT id, queue, round(EXTRACT(EPOCH FROM now() - started_at)::numeric, 3)::float8 "
+        "FROM django_jobs_job WHERE id = ANY(%s)",
+        [job_ids],
+    )
+    return {job_id: {"queue": queue, "duration": ran} for job_id, queue, ran in cursor.fetchall()}
+
+
 def end_attempts(
     cursor: Any,
     candidates: list[tuple[RunningJob, str, str, float | None]],
@@ -86,6 +98,7 @@ def end_attempts(
     """Reap each ``(job, outcome, reason, silence)`` in its own statement; report each."""
     actions = []
     grace = conf.timeout_grace()
+    details = _log_details(cursor, [job.lease.job_id for job, *_ in candidates])
     for job, outcome, reason, silence in candidates:
         delay = _retry_delay(job)
         state = None
@@ -116,11 +129,14 @@ def end_attempts(
         logger.warning(
             line,
             extra={
+                "event": "reap",
                 "job_id": job.lease.job_id,
                 "task": job.task,
                 "attempt": job.lease.attempt,
                 "worker_id": job.lease.worker_id,
+                "outcome": outcome,
                 "state": state or "",
+                **details.get(job.lease.job_id, {}),
             },
         )
         if emit:

@@ -41,6 +41,10 @@ class Outcome(models.TextChoices):
 
 ACTIVE_STATES: frozenset[str] = frozenset({State.WAITING, State.PENDING, State.RUNNING})
 TERMINAL_STATES: frozenset[str] = frozenset({State.DONE, State.ERROR, State.CANCELLED})
+#: Attempt outcomes that count as failures in the operations views and the failure rate.
+FAILED_OUTCOMES: frozenset[str] = frozenset(
+    {Outcome.ERROR, Outcome.CRASHED, Outcome.TIMEOUT, Outcome.LOST}
+)
 
 #: Legal transitions: source state -> states it may move to.
 TRANSITIONS: dict[str, frozenset[str]] = {

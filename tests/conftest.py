@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -128,3 +129,106 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@pytest.fixture
+def busy_queues(db: None) -> dict[str, Any]:
+    """A small but realistic moment of a busy system, relative to now.
+
+    Workers: ``pod-a`` (every queue) and ``pod-b`` (reports) alive, ``pod-c`` silent for ten
+    minutes. Queue ``default``: five ready jobs (one ready for 30 minutes), two scheduled, two
+    running on pod-a, one running on dead pod-c, one waiting; 20 successful attempts of
+    ``tests.echo`` over the last 40 minutes taking 1..20 s, and 4 failed ones (error, crashed,
+    timeout, lost), one of which was retried and then succeeded. Queue ``reports``: one job
+    running on pod-b past its 60 s timeout, three ready jobs, ten successful ``tests.sleep``
+    attempts. Returns the notable rows by name.
+    """
+    from django.utils import timezone
+
+    from tests.factories import AttemptFactory, JobFactory, WorkerFactory
+
+    now = timezone.now()
+    ago = lambda **kw: now - timedelta(**kw)  # noqa: E731
+    rows: dict[str, Any] = {
+        "pod_a": WorkerFactory(id="pod-a:1:aaaaaa", concurrency=4, last_seen_at=ago(seconds=3)),
+        "pod_b": WorkerFactory(
+            id="pod-b:1:bbbbbb", queues=["reports"], concurrency=2, last_seen_at=ago(seconds=5)
+        ),
+        "pod_c": WorkerFactory(id="pod-c:1:cccccc", last_seen_at=ago(minutes=10)),
+    }
+
+    for minutes in (1, 2, 3, 4):
+        JobFactory(queue="default", run_after=ago(minutes=minutes))
+    rows["late"] = JobFactory(queue="default", task="tests.echo", run_after=ago(minutes=30))
+    for minutes in (10, 20):
+        JobFactory(queue="default", run_after=now + timedelta(minutes=minutes))
+    for _ in range(3):
+        JobFactory(queue="reports", run_after=ago(minutes=2))
+    for seconds in (30, 90):
+        job = JobFactory(
+            queue="default",
+            claimed=True,
+            worker_id="pod-a:1:aaaaaa",
+            started_at=ago(seconds=seconds),
+        )
+        AttemptFactory(job=job, worker_id=job.worker_id, started_at=job.started_at)
+    rows["orphaned"] = JobFactory(
+        queue="default", claimed=True, worker_id="pod-c:1:cccccc", started_at=ago(minutes=12)
+    )
+    rows["overdue"] = JobFactory(
+        queue="reports",
+        task="tests.sleep",
+        claimed=True,
+        timeout=60,
+        worker_id="pod-b:1:bbbbbb",
+        started_at=ago(minutes=5),
+    )
+    rows["waiting"] = JobFactory(queue="default", state="waiting")
+
+    def finished(
+        queue: str,
+        task: str,
+        minutes_ago: float,
+        seconds: float,
+        outcome: str,
+        job: Any = None,
+        number: int = 1,
+    ) -> Any:
+        end = ago(minutes=minutes_ago)
+        if job is None:
+            state = {"done": "done", "cancelled": "cancelled"}.get(outcome, "error")
+            job = JobFactory(
+                queue=queue,
+                task=task,
+                finished=True,
+                state=state,
+                attempt=number,
+                started_at=end - timedelta(seconds=seconds),
+                finished_at=end,
+                error="" if outcome == "done" else f"{outcome}: it broke",
+            )
+        return AttemptFactory(
+            job=job,
+            number=number,
+            worker_id="pod-a:1:aaaaaa",
+            outcome=outcome,
+            started_at=end - timedelta(seconds=seconds),
+            finished_at=end,
+            error="" if outcome == "done" else f"{outcome}: it broke",
+        )
+
+    for i in range(20):
+        finished("default", "tests.echo", minutes_ago=2 + 2 * i, seconds=i + 1, outcome="done")
+    for i in range(10):
+        finished("reports", "tests.sleep", minutes_ago=3 + 3 * i, seconds=30, outcome="done")
+    for i, outcome in enumerate(("error", "crashed", "timeout")):
+        finished("default", "tests.fail", minutes_ago=5 + 10 * i, seconds=2, outcome=outcome)
+    retried = finished("default", "tests.echo", minutes_ago=50, seconds=4, outcome="lost").job
+    retried.attempt = 2
+    retried.state = "done"
+    retried.save(update_fields=["attempt", "state"])
+    finished(
+        "default", "tests.echo", minutes_ago=48, seconds=3, outcome="done", job=retried, number=2
+    )
+    rows["retried"] = retried
+    return rows

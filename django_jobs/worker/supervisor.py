@@ -260,7 +260,7 @@ class Supervisor:
             job.queue,
             job.attempt,
             job.max_attempts,
-            extra=_job_fields(job, self.worker_id),
+            extra={**_job_fields(job, self.worker_id), "event": "claim"},
         )
         if job.task not in registry:
             # Never hand an executor a name it would have to import: fail the attempt here.
@@ -370,7 +370,7 @@ class Supervisor:
             elif reason == STOP_SHUTDOWN:
                 self._release(job)
             elif reason == STOP_LEASE_LOST:
-                self._lease_lost(job, "stopped: its lease was lost")
+                self._lease_lost(job, "stopped: its lease was lost", elapsed)
             else:
                 self._record(
                     job,
@@ -451,11 +451,16 @@ class Supervisor:
                 retryable=report.retryable,
                 retry_delay=retry_delay,
             )
-            fields = {**_job_fields(job, self.worker_id), "duration": round(elapsed, 3)}
             if ended is None:
-                self._lease_lost(job, f"could not record outcome {report.outcome}")
+                self._lease_lost(job, f"could not record outcome {report.outcome}", elapsed)
                 return
             state = ended.state
+            fields = {
+                **_job_fields(job, self.worker_id),
+                "duration": round(elapsed, 3),
+                "outcome": report.outcome,
+                "event": "retry" if state == "pending" else "finish",
+            }
             if ended.needs_settling:
                 # After the finish has committed, in statements of their own (workflows.py).
                 self.outbox.append((f"settle job {job.id}", lambda c: workflows.settle(c, job.id)))
@@ -504,7 +509,7 @@ class Supervisor:
                 logger.info(
                     "job %d released for another worker",
                     job.id,
-                    extra=_job_fields(job, self.worker_id),
+                    extra={**_job_fields(job, self.worker_id), "event": "release"},
                 )
             else:
                 self._lease_lost(job, "could not be released")
@@ -533,14 +538,17 @@ class Supervisor:
         if self._db_call("startup recovery", recover) is not _FAILED:
             self.recovered = True
 
-    def _lease_lost(self, job: ClaimedJob, what: str) -> None:
+    def _lease_lost(self, job: ClaimedJob, what: str, elapsed: float | None = None) -> None:
         self.stats.lost_leases += 1
+        fields: dict[str, Any] = {**_job_fields(job, self.worker_id), "event": "lease_lost"}
+        if elapsed is not None:
+            fields["duration"] = round(elapsed, 3)
         logger.warning(
             "job %d lease lost (attempt %d): %s; another run owns the job now",
             job.id,
             job.attempt,
             what,
-            extra=_job_fields(job, self.worker_id),
+            extra=fields,
         )
 
     def _flush_outbox(self) -> None:

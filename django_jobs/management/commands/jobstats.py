@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_jobs import stats
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {number}")
+    return number
+
+
+def _minutes(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole minutes, got {value!r}") from None
+    if not 1 <= number <= 1440:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1440, got {number}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the job queues: per queue, jobs by state, the oldest ready and running jobs, "
+        "throughput and failures of the last minutes, live workers and stuck jobs."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--watch",
+            type=_seconds,
+            nargs="?",
+            const=2.0,
+            default=None,
+            metavar="SECONDS",
+            help="Refresh every SECONDS (default 2) until Ctrl-C.",
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print the summary as JSON (with --watch: one object per line).",
+        )
+        parser.add_argument(
+            "--window",
+            type=_minutes,
+            default=15,
+            metavar="MINUTES",
+            help="Minutes over which throughput and failures are counted (default 15).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stop = threading.Event()
+        if options["watch"] is not None:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: stop.set())
+        clear = options["watch"] is not None and not options["json"] and sys.stdout.isatty()
+        while True:
+            data = stats.summary(options["window"])
+            output = stats.to_json(data) if options["json"] else stats.render(data)
+            if clear:
+                self.stdout.write("\033[H\033[2J", ending="")
+            self.stdout.write(output)
+            if options["watch"] is None:
+                return
+            if not options["json"] and not clear:
+                self.stdout.write("")  # a blank line between refreshes
+            self.stdout.flush()
+            if stop.wait(options["watch"]):
+                return

@@ -1,0 +1,289 @@
+"""Operations data: what is queued, running, finishing and failing, per queue.
+
+Everything here reads the SQL views of migration 0003, the public contract that Grafana also
+queries (see docs/operations.md), so the terminal, the admin and the dashboards agree. The
+functions return plain data (lists and dicts of numbers, strings and datetimes) for
+``manage.py jobstats`` and any other caller; :func:`render` and :func:`to_json` format a
+:func:`summary` for people and for scripts.
+
+The views judge workers dead and jobs overdue by the thresholds in the session settings
+``django_jobs.worker_timeout`` and ``django_jobs.timeout_grace``; these functions set them from
+``JOBS_WORKER_TIMEOUT`` and ``JOBS_TIMEOUT_GRACE`` for their own transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, TypedDict
+
+from django.db import connections, transaction
+
+from django_jobs import conf
+
+
+class QueueSummary(TypedDict):
+    queue: str
+    waiting: int
+    pending: int
+    #: Pending jobs whose run_after has passed, and those scheduled for later.
+    ready: int
+    scheduled: int
+    running: int
+    #: Seconds the oldest ready job has waited since its run_after; None if none is ready.
+    oldest_ready_age_seconds: float | None
+    #: Seconds the longest-running job has been running; None if none runs.
+    oldest_running_age_seconds: float | None
+    #: Attempts that ended in the window, by outcome (failed: error, crashed, timeout, lost).
+    done: int
+    failed: int
+    cancelled: int
+    done_per_minute: float
+    #: failed / (done + failed) in the window; None when no attempt ended.
+    failure_rate: float | None
+    #: Live workers that serve this queue (those serving every queue included).
+    workers_alive: int
+    #: Jobs of this queue in the django_jobs_stuck_jobs view.
+    stuck: int
+
+
+class WorkersSummary(TypedDict):
+    alive: int
+    dead: int
+    #: Executor slots (concurrency) of the live workers, and how many of them run a job.
+    slots: int
+    running_jobs: int
+
+
+class Summary(TypedDict):
+    generated_at: datetime
+    window_minutes: int
+    queues: list[QueueSummary]
+    workers: WorkersSummary
+    #: Stuck jobs by reason: past_timeout, worker_dead, late_pending.
+    stuck: dict[str, int]
+
+
+@contextlib.contextmanager
+def _cursor() -> Iterator[Any]:
+    alias = conf.database_alias()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        # JIT compilation would cost more than these small index reads.
+        cursor.execute(
+            "SELECT set_config('django_jobs.worker_timeout', %s, true), "
+            "set_config('django_jobs.timeout_grace', %s, true), set_config('jit', 'off', true)",
+            [str(conf.worker_timeout()), str(conf.timeout_grace())],
+        )
+        yield cursor
+
+
+def _rows(cursor: Any, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    cursor.execute(sql, params)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def queue_summary() -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_queue_summary``: unfinished jobs per queue and state."""
+    with _cursor() as cursor:
+        return _rows(cursor, "SELECT * FROM django_jobs_queue_summary ORDER BY queue, state")
+
+
+def throughput(minutes: int = 15) -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_throughput`` for the last ``minutes`` minutes, oldest first."""
+    with _cursor() as cursor:
+        return _rows(
+            cursor,
+            "SELECT * FROM django_jobs_throughput "
+            "WHERE minute > now() - make_interval(mins => %s) ORDER BY minute, queue, task",
+            [minutes],
+        )
+
+
+def task_durations() -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_task_durations``: p50/p95/max run time per task, last hour."""
+    with _cursor() as cursor:
+        return _rows(cursor, "SELECT * FROM django_jobs_task_durations ORDER BY queue, task")
+
+
+def workers() -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_workers``: every registered worker, alive or not."""
+    with _cursor() as cursor:
+        rows = _rows(cursor, "SELECT * FROM django_jobs_workers ORDER BY name, worker_id")
+    for row in rows:
+        if isinstance(row["queues"], str):
+            row["queues"] = json.loads(row["queues"])
+    return rows
+
+
+def stuck_jobs(limit: int = 100) -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_stuck_jobs``, the longest stuck first."""
+    with _cursor() as cursor:
+        return _rows(
+            cursor,
+            "SELECT * FROM django_jobs_stuck_jobs ORDER BY age_seconds DESC, job_id LIMIT %s",
+            [limit],
+        )
+
+
+def recent_failures(limit: int = 50) -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_recent_failures``, newest first."""
+    with _cursor() as cursor:
+        return _rows(
+            cursor,
+            "SELECT * FROM django_jobs_recent_failures ORDER BY finished_at DESC LIMIT %s",
+            [limit],
+        )
+
+
+def summary(window_minutes: int = 15) -> Summary:
+    """Per queue: jobs by state, the oldest ready and running ages, attempts ended in the last
+    ``window_minutes``, live workers, stuck jobs; plus the worker and stuck totals."""
+    if window_minutes < 1:
+        raise ValueError("window_minutes must be at least 1")
+    with _cursor() as cursor:
+        cursor.execute("SELECT now()")
+        generated_at = cursor.fetchone()[0]
+        states = _rows(cursor, "SELECT * FROM django_jobs_queue_summary")
+        ended = _rows(
+            cursor,
+            "SELECT queue, sum(done)::bigint AS done, sum(failed)::bigint AS failed, "
+            "sum(cancelled)::bigint AS cancelled FROM django_jobs_throughput "
+            "WHERE minute > now() - make_interval(mins => %s) GROUP BY queue",
+            [window_minutes],
+        )
+        stuck = _rows(
+            cursor,
+            "SELECT queue, reason, count(*) AS jobs FROM django_jobs_stuck_jobs "
+            "GROUP BY queue, reason",
+        )
+        registered = _rows(
+            cursor, "SELECT queues, concurrency, alive, running_jobs FROM django_jobs_workers"
+        )
+
+    for worker in registered:
+        if isinstance(worker["queues"], str):
+            worker["queues"] = json.loads(worker["queues"])
+    names = set(conf.queues())
+    names.update(row["queue"] for row in states + ended + stuck)
+    queues: dict[str, QueueSummary] = {name: _empty_queue(name) for name in sorted(names)}
+
+    for row in states:
+        queue = queues[row["queue"]]
+        if row["state"] == "pending":
+            queue["pending"] = row["jobs"]
+            queue["ready"] = row["ready"]
+            queue["scheduled"] = row["scheduled"]
+            queue["oldest_ready_age_seconds"] = row["oldest_age_seconds"]
+        elif row["state"] == "running":
+            queue["running"] = row["jobs"]
+            queue["oldest_running_age_seconds"] = row["oldest_age_seconds"]
+        elif row["state"] == "waiting":
+            queue["waiting"] = row["jobs"]
+    for row in ended:
+        queue = queues[row["queue"]]
+        queue["done"], queue["failed"], queue["cancelled"] = (
+            row["done"],
+            row["failed"],
+            row["cancelled"],
+        )
+        queue["done_per_minute"] = round(row["done"] / window_minutes, 3)
+        if row["done"] + row["failed"]:
+            queue["failure_rate"] = round(row["failed"] / (row["done"] + row["failed"]), 4)
+    for row in stuck:
+        queues[row["queue"]]["stuck"] += row["jobs"]
+    for queue in queues.values():
+        queue["workers_alive"] = sum(
+            1
+            for w in registered
+            if w["alive"] and (not w["queues"] or queue["queue"] in w["queues"])
+        )
+
+    alive = [w for w in registered if w["alive"]]
+    by_reason: dict[str, int] = {}
+    for row in stuck:
+        by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + row["jobs"]
+    return Summary(
+        generated_at=generated_at,
+        window_minutes=window_minutes,
+        queues=list(queues.values()),
+        workers=WorkersSummary(
+            alive=len(alive),
+            dead=len(registered) - len(alive),
+            slots=sum(w["concurrency"] for w in alive),
+            running_jobs=sum(w["running_jobs"] for w in alive),
+        ),
+        stuck=dict(sorted(by_reason.items())),
+    )
+
+
+def _empty_queue(name: str) -> QueueSummary:
+    return QueueSummary(
+        queue=name,
+        waiting=0,
+        pending=0,
+        ready=0,
+        scheduled=0,
+        running=0,
+        oldest_ready_age_seconds=None,
+        oldest_running_age_seconds=None,
+        done=0,
+        failed=0,
+        cancelled=0,
+        done_per_minute=0.0,
+        failure_rate=None,
+        workers_alive=0,
+        stuck=0,
+    )
+
+
+def format_age(seconds: float | None) -> str:
+    """``"45s"``, ``"4m12s"``, ``"3h05m"``, ``"2d04h"``; empty for ``None``."""
+    if seconds is None:
+        return ""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def render(data: Summary) -> str:
+    """The summary as text: a header line, then a small table per queue."""
+    workers = data["workers"]
+    stuck_total = sum(data["stuck"].values())
+    lines = [
+        f"django-jobs at {data['generated_at']:%Y-%m-%d %H:%M:%S %Z} · rates over the last "
+        f"{data['window_minutes']} min · workers: {workers['alive']} alive "
+        f"({workers['running_jobs']}/{workers['slots']} slots busy), {workers['dead']} dead"
+        + (
+            " · stuck: " + ", ".join(f"{n} {reason}" for reason, n in data["stuck"].items())
+            if stuck_total
+            else ""
+        ),
+    ]
+    for q in data["queues"]:
+        rate = "" if q["failure_rate"] is None else f" · {q['failure_rate']:.1%} failed"
+        lines += [
+            "",
+            f"{q['queue']} · {q['workers_alive']} worker(s) alive · "
+            f"{q['done_per_minute']:.1f} done/min ({q['done']} done, {q['failed']} failed, "
+            f"{q['cancelled']} cancelled){rate}" + (f" · {q['stuck']} stuck" if q["stuck"] else ""),
+            f"  {'state':<9} {'jobs':>8} {'ready':>8} {'scheduled':>10} {'oldest':>8}",
+            f"  {'waiting':<9} {q['waiting']:>8}",
+            f"  {'pending':<9} {q['pending']:>8} {q['ready']:>8} {q['scheduled']:>10} "
+            f"{format_age(q['oldest_ready_age_seconds']):>8}",
+            f"  {'running':<9} {q['running']:>8} {'':>8} {'':>10} "
+            f"{format_age(q['oldest_running_age_seconds']):>8}",
+        ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def to_json(data: Summary) -> str:
+    """The summary as one line of JSON (datetimes in ISO 8601)."""
+    return json.dumps(data, default=lambda value: value.isoformat(), sort_keys=False)
