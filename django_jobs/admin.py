@@ -19,13 +19,14 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_jobs import actions, conf
-from django_jobs.models import Attempt, Job
+from django_jobs import actions, conf, dashboard
+from django_jobs.models import Attempt, Dashboard, Job
 from django_jobs.registry import registry
 from django_jobs.sanitize import mask_text, mask_value
 from django_jobs.states import TERMINAL_STATES, State
@@ -516,3 +517,39 @@ def _pretty(value: Any) -> SafeString:
         return format_html("<span>{}</span>", "-")
     text = json.dumps(mask_value(value), indent=2, sort_keys=True, ensure_ascii=False)
     return format_html('<pre class="dj-json">{}</pre>', text)
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    """The dashboard page, listed in the admin index beside the jobs: queues, throughput,
+    workers, running, stuck and failing jobs, from the same SQL views as the Grafana dashboard.
+    Anyone who may view jobs may view it."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.view_job")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_jobs.view_job")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            **dashboard.context(),
+            "title": "Jobs dashboard",
+            "opts": self.model._meta,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)

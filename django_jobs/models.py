@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -124,6 +125,34 @@ class Job(models.Model):
                 name="job_finished_idx",
                 condition=Q(state__in=sorted(TERMINAL_STATES)),
             ),
+            # The admin's list: filters and searches that must stay fast at millions of rows
+            # (bench/admin_pages.py). Jobs in a state other than done, newest first.
+            models.Index(
+                "state",
+                models.F("id").desc(),
+                name="job_admin_state_idx",
+                condition=~Q(state=State.DONE),
+            ),
+            # Task filter (equality) and task-prefix search, newest first.
+            models.Index(
+                fields=["task", "id"],
+                opclasses=["varchar_pattern_ops", "int8_ops"],
+                name="job_admin_task_idx",
+            ),
+            # Worker-id prefix search.
+            models.Index(
+                fields=["worker_id"],
+                opclasses=["varchar_pattern_ops"],
+                name="job_admin_worker_idx",
+                condition=Q(worker_id__isnull=False),
+            ),
+            # Unique-key search, finished jobs included.
+            models.Index(
+                "unique_key", name="job_admin_unique_key_idx", condition=Q(unique_key__isnull=False)
+            ),
+            # "Created in the last hour/day/week": rows are appended in creation order, so a
+            # block-range index is tiny and cheap to keep up.
+            BrinIndex(fields=["created_at"], name="job_created_brin"),
         ]
 
     def __str__(self) -> str:
@@ -299,3 +328,12 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Dashboard(Job):
+    """The admin's dashboard page (no table of its own: it reads the operations views)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = verbose_name_plural = "dashboard"
+        default_permissions = ()

@@ -261,3 +261,50 @@ def test_nobody_can_add_or_edit_jobs(superuser) -> None:
     )
     assert response.status_code == 403
     assert Job.objects.get(pk=job.pk).task == job.task
+
+
+DASHBOARD = reverse("admin:django_jobs_dashboard_changelist")
+
+
+def test_the_dashboard_shows_queues_workers_running_and_failing_jobs(superuser) -> None:
+    from tests.factories import WorkerFactory
+
+    worker = WorkerFactory(queues=["reports"], concurrency=2)
+    JobFactory(queue="reports")
+    JobFactory(claimed=True, worker_id=worker.id, task="tests.sleep")
+    failed = JobFactory(
+        task="tests.fail",
+        state="error",
+        attempt=1,
+        max_attempts=1,
+        finished_at=worker.started_at,
+        error="ValueError: broken",
+    )
+    AttemptFactory(
+        job=failed,
+        number=1,
+        outcome="error",
+        finished_at=worker.started_at,
+        error="ValueError: broken password=hunter2",
+    )
+    response = superuser.get(DASHBOARD)
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert 'id="dj-queues"' in content and "<td>reports</td>" in content.replace(
+        '<a href="/admin/django_jobs/job/?queue=reports">reports</a>', "reports"
+    )
+    assert worker.id in content and "alive" in content
+    assert "tests.sleep" in content  # running jobs
+    assert "tests.fail" in content  # top failing tasks and recent failures
+    assert "hunter2" not in content
+    assert 'http-equiv="refresh"' in content
+    index = superuser.get(reverse("admin:index")).content.decode()
+    assert DASHBOARD in index  # reached from the admin index
+
+
+def test_the_dashboard_needs_the_view_permission() -> None:
+    assert staff().get(DASHBOARD).status_code == 200
+    nobody = User.objects.create_user("nobody", password="x", is_staff=True)
+    client = Client()
+    client.force_login(nobody)
+    assert client.get(DASHBOARD).status_code == 403

@@ -128,6 +128,12 @@ def test_an_operator_filters_errors_retries_them_and_inspects_a_job(
     page.click("summary:text('traceback')")
     assert page.locator(".dj-traceback pre").first.is_visible()
     page.screenshot(path=str(SHOTS / "job-page.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/admin/")
+    page.click("text=Dashboard")
+    page.wait_for_selector("#dj-queues")
+    assert "sleep" in page.locator("#dj-running").inner_text()
+    page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
     context.close()
 
 
