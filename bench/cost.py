@@ -123,12 +123,16 @@ def _per_job(key: str, label: str, measured: dict[str, Any], jobs: int) -> dict[
 def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
     """Run a burst worker in this process over ``jobs`` no-op jobs; count from its first
     claim to the shutdown of its executors, so start-up is left out."""
+    from django.db import connection
+
     from bench.jobs import noop
     from django_jobs import logging as jobs_logging
     from django_jobs.worker.connection import QueueConnection
     from django_jobs.worker.supervisor import Supervisor
 
     noop.enqueue_many(((), {}) for _ in range(jobs))
+    with connection.cursor() as cursor:  # as autovacuum would, and as the throughput runs do
+        cursor.execute("ANALYZE django_jobs_job")
     jobs_logging.configure(log_level, "text")
 
     trace = Path(tempfile.mkdtemp()) / "queue.trace"

@@ -7,7 +7,8 @@ and analysed, as autovacuum would. At each size:
 
 - the claim, django-jobs' own ``transitions.claim``, run many times, each in a transaction that
   is rolled back so that every run sees the same table: the median round trip as the client
-  sees it, and the median execution time that ``EXPLAIN ANALYZE`` reports, with its plan;
+  sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
+  BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
 - a reaper pass (``django_jobs.reaper.reap``) over a few running jobs whose worker is alive.
 
 The admin changelist and the dashboard views will be measured here too once they exist.
@@ -145,6 +146,7 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
 
     sql, params = transitions.claim_sql(None)
     executions = []
+    buffers = []
     plan = ""
     for _ in range(max(5, claims // 10)):
         with conn.cursor() as cursor:
@@ -156,10 +158,14 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
         found = re.search(r"Execution Time: ([\d.]+) ms", plan)
         if found:
             executions.append(float(found.group(1)) / 1000)
+        touched = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+        if touched:
+            buffers.append(int(touched.group(1)) + int(touched.group(2) or 0))
     return {
         "claim_s": median(round_trips),
         "claim_p90_s": percentile(round_trips, 90),
         "claim_server_s": median(executions),
+        "claim_buffers": median(buffers),
         "claim_plan": plan,
         "claim_uses_index": "job_claim_idx" in plan,
     }
