@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def run(
     setups: Sequence[Setup],
     jobs: int,
     progress: Any = print,
-) -> list[dict[str, Any]]:
+) -> dict[str, list[dict[str, Any]]]:
     results = []
     for setup in setups:
         with ours.connect(ctx) as conn:
@@ -88,6 +89,17 @@ def run(
         supervisor_cpu_s=floor_run["worker_cpu_s"], executors_cpu_s=0.0,
     )
     results.append(_per_job("floor", "floor (raw psycopg), 1 slot", floor_run, jobs))
+    with ours.connect(ctx) as conn:
+        ours.reset(conn)
+    statements = run_json(
+        [ctx.python, "-m", "bench.cost", "--statements", "--jobs", str(jobs)], ours.env(ctx)
+    )
+    for row in statements:
+        progress(
+            f"  statements {row['label']:<42} claim {row['claim_rt_us']:5.0f} us"
+            f" (database CPU {row['claim_db_cpu_us']:4.0f} us), finish {row['finish_rt_us']:5.0f}"
+            f" us (database CPU {row['finish_db_cpu_us']:4.0f} us)"
+        )
     for row in results:
         progress(
             f"  cost       {row['label']:<42} {row['statements_per_job']:.2f} statements,"
@@ -95,7 +107,7 @@ def run(
             f" CPU per 1,000 jobs: worker {row['worker_cpu_ms_per_1000']:.0f} ms,"
             f" database {row['db_cpu_ms_per_1000']:.0f} ms"
         )
-    return results
+    return {"workers": results, "statements": statements}
 
 
 def _per_job(key: str, label: str, measured: dict[str, Any], jobs: int) -> dict[str, Any]:
@@ -193,14 +205,108 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
     }
 
 
+# One connection claiming and finishing jobs back to back, with the PostgreSQL backend's CPU
+# read around each statement: django-jobs' claim and finish on the connection its worker opens
+# (Django's connection parameters), the same on a plain psycopg connection (server-side binding,
+# statements prepared after five runs), and the floor's two statements on django-jobs' table.
+FLOOR_CLAIM_ON_OUR_TABLE = """
+UPDATE django_jobs_job SET state = 'running', worker_id = %s, started_at = now()
+WHERE id = (
+    SELECT id FROM django_jobs_job
+    WHERE state = 'pending' AND run_after <= now()
+    ORDER BY priority DESC, run_after, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id
+"""
+FLOOR_FINISH_ON_OUR_TABLE = (
+    "UPDATE django_jobs_job SET state = 'done', finished_at = now() WHERE id = %s"
+)
+
+
+def statements_probe(jobs: int) -> list[dict[str, Any]]:
+    import psycopg
+    from django.db import connection
+
+    from django_jobs import transitions
+    from django_jobs.worker.connection import connection_params
+
+    def ours(conn: Any) -> tuple[Any, Any]:
+        def claim() -> Any:
+            return transitions.claim(conn.cursor(), "statements:1:x", None)
+
+        def finish(job: Any) -> Any:
+            return transitions.finish(conn.cursor(), job.lease, "done", result_json="null")
+
+        return claim, finish
+
+    def floor(conn: Any) -> tuple[Any, Any]:
+        def claim() -> Any:
+            return conn.execute(FLOOR_CLAIM_ON_OUR_TABLE, ["statements"]).fetchone()[0]
+
+        def finish(job_id: Any) -> Any:
+            return conn.execute(FLOOR_FINISH_ON_OUR_TABLE, [job_id])
+
+        return claim, finish
+
+    plain = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        plain.pop(key, None)
+    setups = (
+        ("django-jobs, on its worker's connection", connection_params("default", "s"), ours),
+        ("django-jobs, on a plain psycopg connection", {**plain, "autocommit": True}, ours),
+        ("floor statements, on django-jobs' table", {**plain, "autocommit": True}, floor),
+    )
+    rows = []
+    for label, params, statements in setups:
+        with psycopg.connect(**params) as conn:
+            conn.execute("TRUNCATE django_jobs_job, django_jobs_attempt RESTART IDENTITY CASCADE")
+            conn.execute(
+                "INSERT INTO django_jobs_job (task, args, kwargs, max_attempts)"
+                " SELECT 'bench.noop', '[]', '{}', 1 FROM generate_series(1, %s)",
+                [jobs],
+            )
+            conn.execute("VACUUM ANALYZE django_jobs_job")
+            claim, finish = statements(conn)
+            pid = conn.info.backend_pid
+            totals = [0.0, 0.0, 0.0, 0.0]
+            for _ in range(jobs):
+                cpu0, t0 = process_cpu_seconds(pid), time.perf_counter()
+                job = claim()
+                cpu1, t1 = process_cpu_seconds(pid), time.perf_counter()
+                finish(job)
+                cpu2, t2 = process_cpu_seconds(pid), time.perf_counter()
+                for i, value in enumerate((t1 - t0, t2 - t1, cpu1 - cpu0, cpu2 - cpu1)):
+                    totals[i] += value
+        rows.append(
+            {
+                "label": label,
+                **{
+                    name: 1e6 * total / jobs
+                    for name, total in zip(
+                        ("claim_rt_us", "finish_rt_us", "claim_db_cpu_us", "finish_db_cpu_us"),
+                        totals,
+                        strict=True,
+                    )
+                },
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cost")
     parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--statements", action="store_true", help="the per-statement probe")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     django_setup()
-    emit(probe(args.jobs, args.concurrency, args.log_level))
+    if args.statements:
+        emit(statements_probe(args.jobs))
+    else:
+        emit(probe(args.jobs, args.concurrency, args.log_level))
 
 
 if __name__ == "__main__":

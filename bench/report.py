@@ -302,7 +302,26 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{row['executors_cpu_ms_per_1000']:.0f} ms",
                     f"{row['db_cpu_ms_per_1000']:.0f} ms",
                 ]
-                for row in cost
+                for row in cost["workers"]
+            ],
+        )
+        out += [
+            "",
+            "The two statements alone, claimed and finished back to back on one connection: "
+            "round trip, and the database backend's CPU, per statement.",
+            "",
+        ]
+        out += _table(
+            ["statements", "claim", "claim, database CPU", "finish", "finish, database CPU"],
+            [
+                [
+                    row["label"],
+                    f"{row['claim_rt_us']:.0f} µs",
+                    f"{row['claim_db_cpu_us']:.0f} µs",
+                    f"{row['finish_rt_us']:.0f} µs",
+                    f"{row['finish_db_cpu_us']:.0f} µs",
+                ]
+                for row in cost["statements"]
             ],
         )
         out.append("")

@@ -57,11 +57,13 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
     assert all(s["claim_uses_index"] and s["claim_s"] > 0 for s in sizes)
     assert results["scale"]["claim_ratio"] > 0
 
-    cost = {row["setup"]: row for row in results["cost"]}
+    cost = {row["setup"]: row for row in results["cost"]["workers"]}
     assert cost["ours-1"]["by_kind_per_job"]["claim"] >= 1
     assert cost["ours-1"]["by_kind_per_job"]["finish"] == 1
     assert 2 <= cost["ours-1"]["round_trips_per_job"] < 2.5
     assert 2 <= cost["floor"]["statements_per_job"] < 2.5
+    assert len(results["cost"]["statements"]) == 3
+    assert all(row["claim_rt_us"] > 0 for row in results["cost"]["statements"])
 
     report = (tmp_path / "results.md").read_text()
     for heading in ("### Targets", "### Throughput", "### Enqueue", "### Latency", "### Scale",
