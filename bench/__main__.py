@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "finished": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
         "seconds": time.monotonic() - started,
+        "load_average": [round(x, 1) for x in os.getloadavg()],
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     text = report.markdown(results)

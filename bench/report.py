@@ -162,8 +162,10 @@ def _num(value: float | None, fmt: Callable[[float], str] = lambda v: f"{v:,.0f}
 
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
+    load = meta.get("load_average")
     out = [
-        f"Measured {meta['finished']} on {meta['machine']}.",
+        f"Measured {meta['finished']} on {meta['machine']}"
+        + (f"; load average {load[2]} over the last 15 minutes." if load else "."),
         "",
         f"Command: `{meta['command']}`",
         "",
@@ -192,9 +194,10 @@ def markdown(results: dict[str, Any]) -> str:
             "### Throughput (jobs/s)",
             "",
             f"{settings['jobs']:,} jobs pre-enqueued per run; rate counted over a "
-            f"{settings['window']:g} s window starting {settings['warmup']:g} s after the first "
-            f"job finished; median of {settings['repetitions']} interleaved runs. Ratios are "
-            "django-jobs ÷ the other system, median of the per-run ratios.",
+            f"{settings['window']:g} s window starting {settings['warmup']:g} s (or as long as "
+            "start-up took, if longer) after the first job finished; median of "
+            f"{settings['repetitions']} interleaved runs. Ratios are django-jobs ÷ the other "
+            "system, median of the per-run ratios.",
             "",
         ]
         headers = ["jobs, slots", "django-jobs", *(LABELS[k] for k in others)]

@@ -2,9 +2,10 @@
 
 Each run empties the system's tables, pre-enqueues ``jobs`` ready jobs, starts the workers
 (burst mode: they exit when the queue is empty) and lets them work until ``warmup + window``
-seconds after the first job finished, or until the queue is drained. The rate is counted from
-the jobs' own finish times, inside the window, so start-up (Django, executor processes,
-connections) is not counted and a short window still measures the steady state.
+seconds after the first job finished, or until the queue is drained. The warm-up lasts at least
+as long as the workers took to finish their first job, so that every slot is up. The rate is
+counted from the jobs' own finish times, inside the window, so start-up (Django, executor
+processes, connections) is not counted and a short window still measures the steady state.
 
 Runs are interleaved: each repetition goes through every configuration and, within one, every
 system, in an order rotated per repetition; the report gives the median of the repetitions.
@@ -67,7 +68,10 @@ def run_once(ctx: Context, system: System, config: Config, settings: Settings) -
                     raise RuntimeError(f"{system.label}: no job finished within the start-up time")
                 time.sleep(0.1)
             first_finish = time.monotonic()
-            deadline = first_finish + settings.warmup + settings.window
+            # Workers that took long to finish their first job (processes still booting on a
+            # busy machine) get as long again to bring up the rest of their slots.
+            warmup = max(settings.warmup, first_finish - launched)
+            deadline = first_finish + warmup + settings.window
             while time.monotonic() < deadline and any(w.running() for w in workers):
                 time.sleep(0.1)
         finally:
@@ -76,7 +80,7 @@ def run_once(ctx: Context, system: System, config: Config, settings: Settings) -
         failed = system.failed(conn)
     if failed:
         raise RuntimeError(f"{system.label}: {failed} job(s) failed in {name}; see its logs")
-    rate = steady_rate(times, settings.warmup, settings.window)
+    rate = steady_rate(times, warmup, settings.window)
     cpu = sum(w.cpu_seconds or 0.0 for w in workers)
     return {
         "system": system.key,
@@ -87,6 +91,7 @@ def run_once(ctx: Context, system: System, config: Config, settings: Settings) -
         "method": rate.method,
         "finished": len(times),
         "startup_s": first_finish - launched,
+        "warmup_s": warmup,
         "worker_cpu_ms_per_job": 1000 * cpu / len(times) if times else None,
     }
 
