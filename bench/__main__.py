@@ -5,6 +5,7 @@ a virtualenv with the peers, then runs this).
     python -m bench --parts scale,cost    # some parts
     python -m bench --smoke               # a few hundred jobs, to check that the suite works
     python -m bench --full                # the peers on every throughput configuration too
+    python -m bench --render artifacts/bench/results.json   # the tables of a past run again
 
 The server is the one of ``DATABASE_URL`` (default: the local PostgreSQL); each system gets its
 own database there, named ``bench_<system>`` (``--db-prefix`` to change), dropped and created
@@ -134,7 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
     parser.add_argument("--db-prefix", default="bench_")
     parser.add_argument("--drop", action="store_true", help="drop the bench databases at the end")
+    parser.add_argument(
+        "--render", type=Path, metavar="RESULTS_JSON", help="only print the tables of a past run"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        print(report.markdown(json.loads(args.render.read_text())))
+        return 0
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:

@@ -202,11 +202,15 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         headers = ["jobs, slots", "django-jobs", *(LABELS[k] for k in others)]
         headers += [f"÷ {LABELS[k]}" for k in others]
+        headers.append("django-jobs, each run")
+        each = _by(part["runs"], "config", "system")
         rows = []
         for row in summary:
             cells = [row["label"], _num(row["rates"].get("ours"))]
             cells += [_num(row["rates"].get(k)) for k in others]
             cells += [_num(row["ratios"].get(k), lambda v: f"{v:.2f}") for k in others]
+            runs = sorted(each.get((row["key"], "ours"), []), key=lambda r: r["repetition"])
+            cells.append(" / ".join(f"{r['jobs_per_s']:.0f}" for r in runs))
             rows.append(cells)
         out += _table(headers, rows)
         out.append("")
