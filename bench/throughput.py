@@ -48,6 +48,7 @@ class Settings:
     warmup: float
     window: float
     repetitions: int
+    max_warmup: float = 8.0
     startup_timeout: float = 90.0
 
 
@@ -69,8 +70,8 @@ def run_once(ctx: Context, system: System, config: Config, settings: Settings) -
                 time.sleep(0.1)
             first_finish = time.monotonic()
             # Workers that took long to finish their first job (processes still booting on a
-            # busy machine) get as long again to bring up the rest of their slots.
-            warmup = max(settings.warmup, first_finish - launched)
+            # busy machine) get as long again, up to a bound, to bring up the rest of their slots.
+            warmup = max(settings.warmup, min(first_finish - launched, settings.max_warmup))
             deadline = first_finish + warmup + settings.window
             while time.monotonic() < deadline and any(w.running() for w in workers):
                 time.sleep(0.1)
