@@ -1,0 +1,227 @@
+"""Scale: the claim statement's time as the job table grows to a million rows.
+
+The table holds a fixed pool of ready jobs plus, for the rest, what a long-lived queue keeps:
+mostly finished jobs (done 95 %, error 2 %, cancelled 1 %, each with its attempt row), and
+waiting (1 %) and scheduled (1 %, due tomorrow) ones. After each fill the tables are vacuumed
+and analysed, as autovacuum would. At each size:
+
+- the claim, django-jobs' own ``transitions.claim``, run many times, each in a transaction that
+  is rolled back so that every run sees the same table: the median round trip as the client
+  sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
+  BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
+- a reaper pass (``django_jobs.reaper.reap``) over a few running jobs whose worker is alive.
+
+The admin changelist and the dashboard views will be measured here too once they exist.
+Run as ``python -m bench.scale`` it is the probe itself (a Django process on ``DATABASE_URL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.core import Context, django_setup, emit, median, percentile, run_json
+from bench.systems.ours import Ours
+
+READY_POOL = 300
+RUNNING = 20
+
+# Rows beyond the ready pool, by g mod 100: what a long-lived queue table holds.
+_FILL = """
+INSERT INTO django_jobs_job
+    (task, queue, priority, state, args, kwargs, attempt, max_attempts, run_after, worker_id,
+     created_at, started_at, finished_at, error)
+SELECT 'bench.noop', 'default', 0, s.state, '[]', '{}', s.attempt, 3, s.run_after, s.worker,
+       now() - interval '2 days', s.started, s.finished, s.error
+FROM generate_series(1, %(count)s) AS g
+CROSS JOIN LATERAL (
+    SELECT
+        CASE WHEN g %% 100 = 0 THEN 'waiting'
+             WHEN g %% 100 = 1 THEN 'pending'
+             WHEN g %% 100 IN (2, 3) THEN 'error'
+             WHEN g %% 100 = 4 THEN 'cancelled'
+             ELSE 'done' END AS state,
+        CASE WHEN g %% 100 IN (0, 1) THEN 0 WHEN g %% 100 IN (2, 3) THEN 3 ELSE 1 END AS attempt,
+        CASE WHEN g %% 100 = 1 THEN now() + interval '1 day' + make_interval(secs => g %% 3600)
+             ELSE now() - interval '2 days' END AS run_after,
+        CASE WHEN g %% 100 > 1 THEN 'old-worker' END AS worker,
+        CASE WHEN g %% 100 > 1 THEN now() - interval '1 day' END AS started,
+        CASE WHEN g %% 100 > 1 THEN now() - interval '1 day' + interval '1 second' END AS finished,
+        CASE WHEN g %% 100 IN (2, 3) THEN 'ValueError: boom' ELSE '' END AS error
+) AS s
+"""
+
+_FILL_ATTEMPTS = """
+INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, finished_at, outcome,
+                                 error, traceback)
+SELECT id, attempt, worker_id, started_at, finished_at,
+       CASE state WHEN 'done' THEN 'done' WHEN 'error' THEN 'error' ELSE 'cancelled' END,
+       error, ''
+FROM django_jobs_job
+WHERE id > %(after)s AND state IN ('done', 'error', 'cancelled')
+"""
+
+_READY = """
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, run_after)
+SELECT 'bench.noop', 'default', 0, 'pending', '[]', '{}', 3, now() - interval '1 hour'
+FROM generate_series(1, %(count)s)
+"""
+
+_LIVE_WORKER = """
+INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, started_at,
+                                last_seen_at, boot_id)
+VALUES ('scale-worker', 'scale', 'bench', 1, '[]', 1, now(), now(), '')
+"""
+
+_RUNNING = """
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, attempt, max_attempts,
+                             run_after, worker_id, started_at)
+SELECT 'bench.noop', 'default', 0, 'running', '[]', '{}', 1, 3, now(), 'scale-worker', now()
+FROM generate_series(1, %(count)s)
+"""
+
+
+def run(ctx: Context, sizes: Sequence[int], claims: int, progress: Any = print) -> dict[str, Any]:
+    """Fill a ``scale`` database to each size in turn and measure there."""
+    database = ctx.server.database("scale")
+    ctx.server.recreate(database)
+    scale = Ours()
+    env = scale.env(ctx)
+    env["DATABASE_URL"] = ctx.server.url_for(database)
+    run_json(scale.helper(ctx, "install"), env)
+    result = run_json(
+        [ctx.python, "-m", "bench.scale", "--sizes", ",".join(map(str, sizes)),
+         "--claims", str(claims)],
+        env,
+        timeout=900,
+    )
+    for row in result["sizes"]:
+        progress(
+            f"  scale      {row['rows']:>9,} rows: claim {1000 * row['claim_s']:6.2f} ms"
+            f" (server {1000 * row['claim_server_s']:5.2f} ms),"
+            f" reaper pass {1000 * row['reaper_s']:6.1f} ms"
+        )
+    return result
+
+
+# ------------------------------------------------------------------ the probe
+
+
+def _grow(conn: Any, rows_now: int, target: int) -> float:
+    """Add rows until the job table holds ``target``; return the seconds it took."""
+    start = time.perf_counter()
+    with conn.cursor() as cursor:
+        if rows_now == 0:
+            cursor.execute(_READY, {"count": READY_POOL})
+            cursor.execute(_LIVE_WORKER)
+            cursor.execute(_RUNNING, {"count": RUNNING})
+            rows_now = READY_POOL + RUNNING
+        after = cursor.execute("SELECT coalesce(max(id), 0) FROM django_jobs_job").fetchone()[0]
+        cursor.execute(_FILL, {"count": max(0, target - rows_now)})
+        cursor.execute(_FILL_ATTEMPTS, {"after": after})
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("VACUUM ANALYZE django_jobs_job")
+    conn.execute("VACUUM ANALYZE django_jobs_attempt")
+    conn.autocommit = False
+    return time.perf_counter() - start
+
+
+def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
+    from django_jobs import transitions
+
+    round_trips = []
+    for _ in range(claims):
+        with conn.cursor() as cursor:
+            start = time.perf_counter()
+            job = transitions.claim(cursor, "scale-probe:1:x", None)
+            round_trips.append(time.perf_counter() - start)
+        conn.rollback()
+        if job is None:
+            raise RuntimeError("the claim found no ready job")
+
+    sql, params = transitions.claim_sql(None)
+    executions = []
+    buffers = []
+    plan = ""
+    for _ in range(max(5, claims // 10)):
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS) " + sql, {"worker_id": "scale-probe:1:x", **params}
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        conn.rollback()
+        found = re.search(r"Execution Time: ([\d.]+) ms", plan)
+        if found:
+            executions.append(float(found.group(1)) / 1000)
+        touched = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+        if touched:
+            buffers.append(int(touched.group(1)) + int(touched.group(2) or 0))
+    return {
+        "claim_s": median(round_trips),
+        "claim_p90_s": percentile(round_trips, 90),
+        "claim_server_s": median(executions),
+        "claim_buffers": median(buffers),
+        "claim_plan": plan,
+        "claim_uses_index": "job_claim_idx" in plan,
+    }
+
+
+def _measure_reaper(passes: int = 5) -> float:
+    from django_jobs.reaper import reap
+
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        report = reap()
+        times.append(time.perf_counter() - start)
+        if report.reaped:
+            raise RuntimeError("the reaper reaped jobs of a live worker")
+    return median(times)
+
+
+def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
+    import psycopg
+    from django.db import connection
+
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params)
+    rows_now = 0
+    results = []
+    for size in sizes:
+        fill_s = _grow(conn, rows_now, size)
+        rows_now = conn.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
+        conn.rollback()
+        with conn.cursor() as cursor:
+            cursor.execute("UPDATE django_jobs_worker SET last_seen_at = now()")
+        conn.commit()
+        results.append(
+            {"rows": rows_now, "fill_s": fill_s, **_measure_claim(conn, claims),
+             "reaper_s": _measure_reaper()}
+        )
+    conn.close()
+    first, last = results[0], results[-1]
+    return {
+        "sizes": results,
+        "claim_ratio": last["claim_s"] / first["claim_s"],
+        "claim_server_ratio": last["claim_server_s"] / first["claim_server_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale")
+    parser.add_argument("--sizes", default="1000,100000,1000000")
+    parser.add_argument("--claims", type=int, default=200)
+    args = parser.parse_args(argv)
+    django_setup()
+    emit(probe([int(s) for s in args.sizes.split(",")], args.claims))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

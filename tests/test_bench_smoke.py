@@ -1,0 +1,78 @@
+"""The benchmark suite (bench/), end to end on a few hundred jobs, so that it does not rot.
+
+The numbers of such a short run mean nothing; what is checked is that every part runs through
+the same code as a full run and reports what it should. Peers that are not installed (the
+``bench`` extra) are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.conftest import ROOT, connect, database_url
+
+pytestmark = pytest.mark.django_db
+
+PARTS = ["throughput", "enqueue", "latency", "scale", "cost"]
+PEERS = {"procrastinate", "tasks_db", "pgqueuer"}
+
+
+def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) -> None:
+    # Databases of our own, named after this run's test database, dropped at the end.
+    prefix = f"{connection.settings_dict['NAME']}_bench_"
+    env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--drop", "--db-prefix", prefix,
+         "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["parts"] == PARTS
+
+    measured = {r["system"] for r in results["throughput"]["runs"]}
+    assert {"ours", "floor"} <= measured
+    assert (measured & PEERS) | set(results["skipped"]) == PEERS
+    for run_ in results["throughput"]["runs"]:
+        assert run_["jobs_per_s"] > 0 and run_["finished"] > 0, run_
+    configs = {c["key"]: c for c in results["throughput"]["configs"]}
+    assert set(configs) == {"noop-2x1", "sleep-2x1"}
+
+    enqueued = {r["system"]: r for r in results["enqueue"]}
+    assert enqueued["ours"]["single"] > 0 and enqueued["ours"]["bulk"] > 0
+    assert enqueued["floor"]["single"] > 0 and enqueued["floor"]["bulk"] > 0
+
+    [latency] = results["latency"]
+    assert latency["samples"] == 2 and 0 < latency["p50_s"] < 5
+
+    sizes = results["scale"]["sizes"]
+    assert [s["rows"] for s in sizes] == [500, 2_000]
+    assert all(s["claim_uses_index"] and s["claim_s"] > 0 for s in sizes)
+    assert results["scale"]["claim_ratio"] > 0
+
+    cost = {row["setup"]: row for row in results["cost"]["workers"]}
+    assert cost["ours-1"]["by_kind_per_job"]["claim"] >= 1
+    assert cost["ours-1"]["by_kind_per_job"]["finish"] == 1
+    assert 2 <= cost["ours-1"]["round_trips_per_job"] < 2.5
+    assert 2 <= cost["floor"]["statements_per_job"] < 2.5
+    assert len(results["cost"]["statements"]) == 3
+    assert all(row["claim_rt_us"] > 0 for row in results["cost"]["statements"])
+
+    report = (tmp_path / "results.md").read_text()
+    for heading in ("### Targets", "### Throughput", "### Enqueue", "### Latency", "### Scale",
+                    "### Cost per job"):
+        assert heading in report
+    assert "No-op, 4 slots" in report  # targets the smoke run cannot measure are listed too
+
+    with connect() as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", [prefix]
+        ).fetchall()
+    assert left == []
