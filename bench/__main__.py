@@ -88,7 +88,7 @@ def smoke() -> Profile:
         ),
         enqueue_single=50,
         enqueue_bulk=300,
-        latency_variants=tuple(v for v in latency.VARIANTS if v.key == "poll-100ms"),
+        latency_variants=tuple(v for v in latency.VARIANTS if v.key in ("listen", "poll-100ms")),
         latency_samples=2,
         scale_sizes=(500, 2_000),
         scale_claims=10,
@@ -178,15 +178,19 @@ def main(argv: list[str] | None = None) -> int:
             results["throughput"] = {
                 "settings": dataclasses.asdict(profile.throughput),
                 "configs": [
-                    {"key": c.key, "label": c.label,
-                     "systems": [k for k in c.systems if k in available]}
+                    {
+                        "key": c.key,
+                        "label": c.label,
+                        "systems": [k for k in c.systems if k in available],
+                    }
                     for c in profile.configs
                 ],
                 "runs": runs,
             }
         if "enqueue" in parts:
             results["enqueue_settings"] = {
-                "single": profile.enqueue_single, "bulk": profile.enqueue_bulk
+                "single": profile.enqueue_single,
+                "bulk": profile.enqueue_bulk,
             }
             results["enqueue"] = enqueue.run(
                 ctx,
@@ -202,13 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, available["ours"], profile.latency_variants, profile.latency_samples, progress
             )
         if "scale" in parts:
-            results["scale"] = scale.run(
-                ctx, profile.scale_sizes, profile.scale_claims, progress
-            )
+            results["scale"] = scale.run(ctx, profile.scale_sizes, profile.scale_claims, progress)
         if "cost" in parts:
             results["cost"] = cost.run(
-                ctx, available["ours"], available["floor"], profile.cost_setups,
-                profile.cost_jobs, progress,
+                ctx,
+                available["ours"],
+                available["floor"],
+                profile.cost_setups,
+                profile.cost_jobs,
+                progress,
             )
     finally:
         if args.drop:

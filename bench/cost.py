@@ -72,8 +72,17 @@ def run(
         with ours.connect(ctx) as conn:
             ours.reset(conn)
         measured = run_json(
-            [ctx.python, "-m", "bench.cost", "--jobs", str(jobs),
-             "--concurrency", str(setup.concurrency), "--log-level", setup.log_level],
+            [
+                ctx.python,
+                "-m",
+                "bench.cost",
+                "--jobs",
+                str(jobs),
+                "--concurrency",
+                str(setup.concurrency),
+                "--log-level",
+                setup.log_level,
+            ],
             ours.env(ctx),
         )
         results.append(_per_job(setup.key, setup.label, measured, jobs))
@@ -85,8 +94,11 @@ def run(
         floor_run = run_json(floor.helper(ctx, "worker", "--trace", str(trace)), floor.env(ctx))
         counts = count(trace, FLOOR_STATEMENTS)
     floor_run.update(
-        statements=counts.statements, round_trips=counts.round_trips, by_kind=counts.by_kind,
-        supervisor_cpu_s=floor_run["worker_cpu_s"], executors_cpu_s=0.0,
+        statements=counts.statements,
+        round_trips=counts.round_trips,
+        by_kind=counts.by_kind,
+        supervisor_cpu_s=floor_run["worker_cpu_s"],
+        executors_cpu_s=0.0,
     )
     results.append(_per_job("floor", "floor (raw psycopg), 1 slot", floor_run, jobs))
     with ours.connect(ctx) as conn:
@@ -153,7 +165,9 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
     executors_cpu = 0.0
     connect = QueueConnection._connect
     receive, start, shutdown = (
-        Supervisor._receive, Supervisor._start, Supervisor._shutdown_executors
+        Supervisor._receive,
+        Supervisor._start,
+        Supervisor._shutdown_executors,
     )
 
     def traced_connect(self: QueueConnection) -> Any:

@@ -42,9 +42,9 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("poll-1s", "polling every 1 s (default)", ("--poll-interval", "1"), 1.2),
-    Variant("poll-100ms", "polling every 0.1 s", ("--poll-interval", "0.1"), 0.12),
-    # Variant("listen", "LISTEN/NOTIFY", ("--listen",), 1.2),  # once the worker can LISTEN
+    Variant("listen", "LISTEN/NOTIFY (default)", ("--poll-interval", "1"), 1.2),
+    Variant("poll-1s", "polling every 1 s", ("--no-listen", "--poll-interval", "1"), 1.2),
+    Variant("poll-100ms", "polling every 0.1 s", ("--no-listen", "--poll-interval", "0.1"), 0.12),
 )
 
 
@@ -96,12 +96,19 @@ def probe(samples: int, cycle: float, log: str, worker_args: list[str]) -> dict[
     from django_jobs.models import Job
 
     worker = spawn(
-        [sys.executable, str(ROOT / "manage.py"), "runjobworker", "--worker-id", "latency",
-         *worker_args],
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "runjobworker",
+            "--worker-id",
+            "latency",
+            *worker_args,
+        ],
         dict(os.environ),
         Path(log),
     )
     try:
+
         def started_at(job: Job, timeout: float = 30.0) -> float:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:

@@ -131,8 +131,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
     if scale:
         sizes = scale["sizes"]
         text = (
-            f"Claim time flat from {sizes[0]['rows']:,} to {sizes[-1]['rows']:,} rows"
-            " (ratio ≤ 1.5)"
+            f"Claim time flat from {sizes[0]['rows']:,} to {sizes[-1]['rows']:,} rows (ratio ≤ 1.5)"
         )
         value = scale["claim_ratio"]
         found.append(
@@ -271,8 +270,14 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
         out += _table(
-            ["rows", "claim (client)", "claim (server)", "buffers touched", "index used",
-             "reaper pass"],
+            [
+                "rows",
+                "claim (client)",
+                "claim (server)",
+                "buffers touched",
+                "index used",
+                "reaper pass",
+            ],
             [
                 [
                     f"{row['rows']:,}",
@@ -298,8 +303,14 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
         out += _table(
-            ["worker", "statements/job", "round trips/job", "supervisor CPU", "executors CPU",
-             "database CPU"],
+            [
+                "worker",
+                "statements/job",
+                "round trips/job",
+                "supervisor CPU",
+                "executors CPU",
+                "database CPU",
+            ],
             [
                 [
                     row["label"],

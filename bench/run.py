@@ -32,8 +32,16 @@ def ensure_venv() -> Path:
     if not (stamp.exists() and stamp.read_text() == wanted):
         print("==> installing django-jobs with the benchmark peers", flush=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "-e", f"{ROOT}[dev,bench]"],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-e",
+                f"{ROOT}[dev,bench]",
+            ],
             check=True,
         )
         stamp.write_text(wanted)

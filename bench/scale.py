@@ -94,8 +94,15 @@ def run(ctx: Context, sizes: Sequence[int], claims: int, progress: Any = print) 
     env["DATABASE_URL"] = ctx.server.url_for(database)
     run_json(scale.helper(ctx, "install"), env)
     result = run_json(
-        [ctx.python, "-m", "bench.scale", "--sizes", ",".join(map(str, sizes)),
-         "--claims", str(claims)],
+        [
+            ctx.python,
+            "-m",
+            "bench.scale",
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--claims",
+            str(claims),
+        ],
         env,
         timeout=900,
     )
@@ -202,8 +209,12 @@ def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
             cursor.execute("UPDATE django_jobs_worker SET last_seen_at = now()")
         conn.commit()
         results.append(
-            {"rows": rows_now, "fill_s": fill_s, **_measure_claim(conn, claims),
-             "reaper_s": _measure_reaper()}
+            {
+                "rows": rows_now,
+                "fill_s": fill_s,
+                **_measure_claim(conn, claims),
+                "reaper_s": _measure_reaper(),
+            }
         )
     conn.close()
     first, last = results[0], results[-1]

@@ -29,9 +29,22 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
     prefix = f"{connection.settings_dict['NAME']}_bench_"
     env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--drop", "--db-prefix", prefix,
-         "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--drop",
+            "--db-prefix",
+            prefix,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     results = json.loads((tmp_path / "results.json").read_text())
@@ -49,8 +62,9 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
     assert enqueued["ours"]["single"] > 0 and enqueued["ours"]["bulk"] > 0
     assert enqueued["floor"]["single"] > 0 and enqueued["floor"]["bulk"] > 0
 
-    [latency] = results["latency"]
-    assert latency["samples"] == 2 and 0 < latency["p50_s"] < 5
+    latency = {r["variant"]: r for r in results["latency"]}
+    assert set(latency) == {"listen", "poll-100ms"}
+    assert all(r["samples"] == 2 and 0 < r["p50_s"] < 5 for r in latency.values())
 
     sizes = results["scale"]["sizes"]
     assert [s["rows"] for s in sizes] == [500, 2_000]
@@ -66,8 +80,14 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
     assert all(row["claim_rt_us"] > 0 for row in results["cost"]["statements"])
 
     report = (tmp_path / "results.md").read_text()
-    for heading in ("### Targets", "### Throughput", "### Enqueue", "### Latency", "### Scale",
-                    "### Cost per job"):
+    for heading in (
+        "### Targets",
+        "### Throughput",
+        "### Enqueue",
+        "### Latency",
+        "### Scale",
+        "### Cost per job",
+    ):
         assert heading in report
     assert "No-op, 4 slots" in report  # targets the smoke run cannot measure are listed too
 

@@ -60,8 +60,10 @@ class System:
         with self.connect(ctx) as conn:
             for workload in WORKLOADS.values():
                 self.reset(conn)
-                run_json(self.helper(ctx, "enqueue-one", "--seconds", str(workload.seconds)),
-                         self.env(ctx))
+                run_json(
+                    self.helper(ctx, "enqueue-one", "--seconds", str(workload.seconds)),
+                    self.env(ctx),
+                )
                 template = sql.Identifier(f"bench_template_{workload.key}")
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(template))
                 conn.execute(

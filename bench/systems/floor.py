@@ -74,9 +74,7 @@ class Floor(System):
     label = "floor (raw psycopg)"
     jobs_table = "floor_job"
     tables = ("floor_job",)
-    finished_sql = (
-        "SELECT extract(epoch FROM finished_at) AS t FROM floor_job WHERE state = 'done'"
-    )
+    finished_sql = "SELECT extract(epoch FROM finished_at) AS t FROM floor_job WHERE state = 'done'"
     failed_sql = "SELECT 0"
 
     def worker_commands(

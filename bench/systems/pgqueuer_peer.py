@@ -110,9 +110,7 @@ def enqueue_bench(dsn: str, single: int, bulk: int) -> dict[str, float]:
     single_rate = single / (time.perf_counter() - start)
 
     start = time.perf_counter()
-    queries.enqueue(
-        ["bench.noop"] * bulk, [str(i).encode() for i in range(bulk)], [0] * bulk
-    )
+    queries.enqueue(["bench.noop"] * bulk, [str(i).encode() for i in range(bulk)], [0] * bulk)
     bulk_rate = bulk / (time.perf_counter() - start)
     return {"single": single_rate, "bulk": bulk_rate}
 

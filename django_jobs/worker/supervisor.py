@@ -89,6 +89,7 @@ class Supervisor:
         poll_interval: float | None = None,
         grace: float = 25.0,
         install_signals: bool = True,
+        listen: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -107,7 +108,9 @@ class Supervisor:
 
         self.db = QueueConnection(conf.database_alias(), self.worker_id)
         self.wakeup = (
-            Wakeup(conf.database_alias(), self.worker_id, self.queues) if conf.listen() else None
+            Wakeup(conf.database_alias(), self.worker_id, self.queues)
+            if (conf.listen() if listen is None else listen)
+            else None
         )
         self.info = WorkerInfo(
             id=self.worker_id,

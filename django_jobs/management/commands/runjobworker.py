@@ -85,6 +85,12 @@ class Command(BaseCommand):
             help="Seconds between looks for ready jobs when idle (default: JOBS_POLL_INTERVAL, 1).",
         )
         parser.add_argument(
+            "--no-listen",
+            action="store_true",
+            help="Don't LISTEN for enqueue notifications; find jobs by polling only "
+            "(default: JOBS_LISTEN, on).",
+        )
+        parser.add_argument(
             "--grace",
             type=_non_negative_float,
             default=25.0,
@@ -115,6 +121,7 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             poll_interval=options["poll_interval"],
             grace=options["grace"],
+            listen=False if options["no_listen"] else None,
         )
         code = supervisor.run()
         if code:
