@@ -29,8 +29,12 @@ def _raw_cursor(cursor: Any) -> Any:
     return getattr(cursor, "cursor", cursor)
 
 
-def execute(cursor: Any, sql: str, params: Any = None) -> None:
-    """Execute ``sql`` with bounded waits when it is its own transaction (see above)."""
+def execute(cursor: Any, sql: str, params: Any = None, *, durable: bool = True) -> None:
+    """Execute ``sql`` with bounded waits when it is its own transaction (see above).
+
+    ``durable=False`` lets its commit return before the WAL reaches disk (``SET LOCAL
+    synchronous_commit = off``), for a write whose loss in a server crash is harmless.
+    """
     raw = _raw_cursor(cursor)
     idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not (idle and isinstance(raw, psycopg.ClientCursor)):
@@ -40,8 +44,10 @@ def execute(cursor: Any, sql: str, params: Any = None) -> None:
         f"SET LOCAL lock_timeout = {conf.lock_timeout_ms():d}; "
         f"SET LOCAL statement_timeout = {conf.statement_timeout_ms():d}; "
     )
+    if not durable:
+        prefix += "SET LOCAL synchronous_commit = off; "
     cursor.execute(prefix + sql, params)
-    while raw.nextset():  # step past the two SETs to the statement's own result
+    while raw.nextset():  # step past the SETs to the statement's own result
         pass
 
 

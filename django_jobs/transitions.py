@@ -95,7 +95,10 @@ def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
 def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
     sql, params = claim_sql(queues)
-    db.execute(cursor, sql, {"worker_id": worker_id, **params})
+    # A claim lost in a server crash only makes the job claimable again (delivery is
+    # at-least-once, and the first run's finish is fenced off), so its commit need not wait
+    # for the disk. The finish must: a lost finish would leave a job running under a live worker.
+    db.execute(cursor, sql, {"worker_id": worker_id, **params}, durable=False)
     row = cursor.fetchone()
     if row is None:
         return None
