@@ -10,6 +10,7 @@ it is, so the caller's settings are not changed behind its back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -57,3 +58,32 @@ def is_timeout(exc: BaseException) -> bool:
         if getattr(error, "sqlstate", None) in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
             return True
     return False
+
+
+def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
+    """Run several statements as one transaction in one round trip; return each one's rows.
+
+    Like :func:`execute`, with bounded waits, when the connection is idle and binds client-side
+    (the statements are bound here and sent as one simple-query message, which PostgreSQL runs
+    as a single implicit transaction). Otherwise they run one after the other.
+    """
+    raw = _raw_cursor(cursor)
+    idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if not (idle and isinstance(raw, psycopg.ClientCursor)):
+        results = []
+        for sql, params in statements:
+            cursor.execute(sql, params)
+            results.append(cursor.fetchall())
+        return results
+    parts = [
+        f"SET LOCAL lock_timeout = {conf.lock_timeout_ms():d}",
+        f"SET LOCAL statement_timeout = {conf.statement_timeout_ms():d}",
+        *(raw.mogrify(sql, params) for sql, params in statements),
+    ]
+    cursor.execute("; ".join(parts))
+    results = []
+    while True:
+        if raw.description is not None:
+            results.append(raw.fetchall())
+        if not raw.nextset():
+            return results

@@ -92,14 +92,7 @@ def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     return _CLAIM_SOME_QUEUES, {"queues": list(queues)}
 
 
-def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
-    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
-    sql, params = claim_sql(queues)
-    # A claim lost in a server crash only makes the job claimable again (delivery is
-    # at-least-once, and the first run's finish is fenced off), so its commit need not wait
-    # for the disk. The finish must: a lost finish would leave a job running under a live worker.
-    db.execute(cursor, sql, {"worker_id": worker_id, **params}, durable=False)
-    row = cursor.fetchone()
+def _claimed(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
     if row is None:
         return None
     job_id, task, queue, args_json, kwargs_json, attempt, max_attempts, timeout, parent_id, aid = (
@@ -116,6 +109,16 @@ def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJ
         timeout=timeout,
         parent_id=parent_id,
     )
+
+
+def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
+    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
+    sql, params = claim_sql(queues)
+    # A claim lost in a server crash only makes the job claimable again (delivery is
+    # at-least-once, and the first run's finish is fenced off), so its commit need not wait
+    # for the disk. The finish must: a lost finish would leave a job running under a live worker.
+    db.execute(cursor, sql, {"worker_id": worker_id, **params}, durable=False)
+    return _claimed(worker_id, cursor.fetchone())
 
 
 # Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
@@ -251,6 +254,40 @@ def finish(
         ),
     )
     return _ended(lease.job_id, cursor.fetchone())
+
+
+def finish_and_claim(
+    cursor: Any,
+    lease: Lease,
+    outcome: str,
+    queues: Sequence[str] | None,
+    **finish_options: Any,
+) -> tuple[Ended | None, ClaimedJob | None]:
+    """:func:`finish`, then :func:`claim` the next job for the same worker, as one transaction
+    in one round trip: a busy worker pays one commit per job instead of two."""
+    claim_statement, claim_params = claim_sql(queues)
+    finished, claimed = db.execute_together(
+        cursor,
+        [
+            (_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
+            (claim_statement, {"worker_id": lease.worker_id, **claim_params}),
+        ],
+    )
+    return (
+        _ended(lease.job_id, finished[0] if finished else None),
+        _claimed(lease.worker_id, claimed[0] if claimed else None),
+    )
+
+
+def _finish_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "result_json": None,
+        "error": "",
+        "traceback": "",
+        "retryable": True,
+        "retry_delay": 0.0,
+        **options,
+    }
 
 
 # Release: hand an unfinished job back at shutdown. The attempt is given back too, since the job

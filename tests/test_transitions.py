@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import transitions
@@ -218,3 +219,23 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         assert f"Index Scan using {index}" in plan, plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
     print("\n\n".join(plans.values()))
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as on a worker's connection
+def test_finish_and_claim_end_one_job_and_take_the_next_in_one_round_trip() -> None:
+    first, second = JobFactory(), JobFactory()
+    lease = claim().lease
+    assert lease.job_id == first.pk
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        ended, claimed = transitions.finish_and_claim(
+            cursor, lease, Outcome.DONE, None, result_json='"ok"'
+        )
+    assert len(queries) == 1
+    assert ended.state == "done" and Job.objects.get(pk=first.pk).result == "ok"
+    assert claimed.id == second.pk and claimed.attempt == 1
+    assert Job.objects.get(pk=second.pk).worker_id == WORKER
+    # A lost lease is still reported as such, and the claim still happens.
+    third = JobFactory()
+    with connection.cursor() as cursor:
+        ended, claimed = transitions.finish_and_claim(cursor, lease, Outcome.DONE, None)
+    assert ended is None and claimed.id == third.pk

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import multiprocessing
@@ -122,7 +123,8 @@ class Supervisor:
         )
         self.stats = WorkerStats()
         self.slots: list[Slot] = []
-        self.outbox: collections.deque[tuple[str, Callable[[Any], None]]] = collections.deque()
+        # Writes to make, in order; a write may return what to do once it has committed.
+        self.outbox: collections.deque[tuple[str, Callable[[Any], Any]]] = collections.deque()
         self.stopping = False
         self.hard_stop = False
         self.grace_deadline: float | None = None
@@ -238,9 +240,21 @@ class Supervisor:
         # A worker that cannot prove it is alive may already have been reaped: take nothing new.
         return time.monotonic() - self.last_heartbeat_ok <= self.worker_timeout
 
+    def _settle(self, job_id: int, cursor: Any) -> Callable[[], None]:
+        workflows.settle(cursor, job_id)
+
+        def look_again() -> None:
+            # Settling may have made jobs ready (promoted dependents): claim without waiting.
+            self.queue_may_have_work = True
+
+        return look_again
+
+    def _free_slot(self) -> Slot | None:
+        return next((s for s in self.slots if s.ready and not s.busy), None)
+
     def _fill_slots(self) -> None:
         while self.queue_may_have_work and self._can_claim():
-            slot = next((s for s in self.slots if s.ready and not s.busy), None)
+            slot = self._free_slot()
             if slot is None:
                 return
             job = self._db_call(
@@ -248,12 +262,16 @@ class Supervisor:
             )
             if job is _FAILED:
                 return
-            if job is None:
-                self.queue_may_have_work = False
-                self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
-                return
-            self.stats.claimed += 1
-            self._start(slot, job)
+            self._claimed(slot, job)
+
+    def _claimed(self, slot: Slot, job: ClaimedJob | None) -> None:
+        """Start a claimed job in ``slot``; or, if the queue had none, wait for the next poll."""
+        if job is None:
+            self.queue_may_have_work = False
+            self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
+            return
+        self.stats.claimed += 1
+        self._start(slot, job)
 
     def _start(self, slot: Slot, job: ClaimedJob) -> None:
         logger.info(
@@ -345,10 +363,10 @@ class Supervisor:
         elapsed = time.monotonic() - slot.started
         slot.job = None
         slot.deadline = None
-        self._record(job, message, elapsed)
         # The job may have made work ready (children it spawned, dependents its end promotes):
-        # look again rather than wait for the next poll.
+        # look again (with the finish, in the same round trip) rather than wait for a poll.
         self.queue_may_have_work = True
+        self._record(job, message, elapsed)
 
     def _executor_died(self, slot: Slot) -> None:
         job = slot.job
@@ -443,20 +461,28 @@ class Supervisor:
             else:
                 retry_delay = conf.retry_backoff()[0]
 
-        def write(cursor: Any) -> None:
-            ended = transitions.finish(
-                cursor,
-                job.lease,
-                report.outcome,
-                result_json=report.result_json,
-                error=report.error,
-                traceback=report.traceback,
-                retryable=report.retryable,
-                retry_delay=retry_delay,
-            )
+        options = {
+            "result_json": report.result_json,
+            "error": report.error,
+            "traceback": report.traceback,
+            "retryable": report.retryable,
+            "retry_delay": retry_delay,
+        }
+
+        def write(cursor: Any) -> Callable[[], None] | None:
+            # A busy worker claims its next job in the same round trip as this finish.
+            slot = self._free_slot() if self.queue_may_have_work and self._can_claim() else None
+            if slot is None:
+                ended = transitions.finish(cursor, job.lease, report.outcome, **options)
+                then = None
+            else:
+                ended, claimed = transitions.finish_and_claim(
+                    cursor, job.lease, report.outcome, self.queues, **options
+                )
+                then = functools.partial(self._claimed, slot, claimed)
             if ended is None:
                 self._lease_lost(job, f"could not record outcome {report.outcome}", elapsed)
-                return
+                return then
             state = ended.state
             fields = {
                 **_job_fields(job, self.worker_id),
@@ -466,7 +492,9 @@ class Supervisor:
             }
             if ended.needs_settling:
                 # After the finish has committed, in statements of their own (workflows.py).
-                self.outbox.append((f"settle job {job.id}", lambda c: workflows.settle(c, job.id)))
+                self.outbox.append(
+                    (f"settle job {job.id}", functools.partial(self._settle, job.id))
+                )
             if state == "done":
                 self.stats.done += 1
                 logger.info(
@@ -502,6 +530,7 @@ class Supervisor:
                     report.error,
                     extra={**fields, "state": state},
                 )
+            return then
 
         self.outbox.append((f"finish job {job.id}", write))
         self._flush_outbox()
@@ -557,9 +586,12 @@ class Supervisor:
     def _flush_outbox(self) -> None:
         while self.outbox and time.monotonic() >= self.db_retry_at:
             description, write = self.outbox[0]
-            if self._db_call(description, write) is not _FAILED:
+            then = self._db_call(description, write)
+            if then is not _FAILED:
                 self.outbox.popleft()
                 self.outbox_failures = 0
+                if callable(then):
+                    then()  # e.g. start the job claimed together with a finish
                 continue
             self.outbox_failures += 1
             if not self.last_error_transient and self.outbox_failures >= 5:
