@@ -34,7 +34,9 @@ from bench.core import (
 from bench.systems.base import System
 from bench.tracing import count, start_trace
 
-OUR_STATEMENTS = (
+OUR_STATEMENTS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
+    # A busy worker sends a finish and its next claim as one message.
+    ("finish+claim", ("WITH target AS", "WITH claimed AS")),
     ("claim", "WITH claimed AS"),
     ("finish", "WITH target AS"),
     ("heartbeat", "INSERT INTO django_jobs_worker"),

@@ -38,9 +38,10 @@ class TraceCounts:
     by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def count(path: str | Path, kinds: Sequence[tuple[str, str]]) -> TraceCounts:
+def count(path: str | Path, kinds: Sequence[tuple[str, str | tuple[str, ...]]]) -> TraceCounts:
     """Count statements and round trips in a trace; ``kinds`` names statements by a piece of
-    their SQL (the first match wins; the rest are ``other``)."""
+    their SQL, or by several pieces that must all be there (the first match wins; the rest are
+    ``other``)."""
     text = Path(path).read_text(errors="replace")
     starts = list(_MESSAGE.finditer(text))
     prepared: dict[str, str] = {}
@@ -50,7 +51,14 @@ def count(path: str | Path, kinds: Sequence[tuple[str, str]]) -> TraceCounts:
     by_kind: collections.Counter[str] = collections.Counter()
 
     def kind_of(query: str) -> str:
-        return next((name for name, piece in kinds if piece in query), "other")
+        return next(
+            (
+                name
+                for name, pieces in kinds
+                if all(p in query for p in ((pieces,) if isinstance(pieces, str) else pieces))
+            ),
+            "other",
+        )
 
     for i, match in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(text)

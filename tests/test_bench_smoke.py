@@ -72,9 +72,11 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
     assert results["scale"]["claim_ratio"] > 0
 
     cost = {row["setup"]: row for row in results["cost"]["workers"]}
-    assert cost["ours-1"]["by_kind_per_job"]["claim"] >= 1
-    assert cost["ours-1"]["by_kind_per_job"]["finish"] == 1
-    assert 2 <= cost["ours-1"]["round_trips_per_job"] < 2.5
+    kinds = cost["ours-1"]["by_kind_per_job"]
+    # Every job is finished once; a busy worker claims the next job with that finish.
+    assert kinds.get("finish", 0) + kinds.get("finish+claim", 0) == 1
+    assert kinds.get("claim", 0) + kinds.get("finish+claim", 0) >= 1
+    assert 1 <= cost["ours-1"]["round_trips_per_job"] < 1.5
     assert 2 <= cost["floor"]["statements_per_job"] < 2.5
     assert len(results["cost"]["statements"]) == 3
     assert all(row["claim_rt_us"] > 0 for row in results["cost"]["statements"])
