@@ -79,7 +79,8 @@ def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> 
 def test_a_paused_worker_whose_job_was_rerun_cannot_overwrite_the_new_run(start_worker) -> None:
     job = record.using(max_attempts=3).enqueue(note="paused", seconds=2)
     paused = start_worker(env=FAST)
-    wait_for(lambda: running(job))
+    # Pause it mid-job: once the job has recorded that it started (its first statement).
+    wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists())
     first_worker = Job.objects.get(pk=job.pk).worker_id
     paused.signal_group(signal.SIGSTOP)
     try:
