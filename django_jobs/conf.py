@@ -138,3 +138,10 @@ def listen_database_url() -> str | None:
     ``JOBS_DATABASE`` connection settings)."""
     value = _get("JOBS_LISTEN_DATABASE_URL", None)
     return str(value) if value else None
+
+
+def tasks_backends() -> dict[str, dict[str, Any]]:
+    """Django's ``TASKS`` setting: the backends of Django's Tasks framework, by alias. Read here
+    only to find the aliases served by ``django_jobs.backend.JobsBackend``; each backend gets its
+    own ``QUEUES`` and ``OPTIONS`` from Django. Default ``{}``."""
+    return {str(alias): dict(params) for alias, params in dict(_get("TASKS", {})).items()}
