@@ -1,5 +1,11 @@
+import inspect
+
 from django.apps import AppConfig
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import autodiscover_modules, import_string
+
+from django_jobs import conf
+
+BACKEND = "django_jobs.backend.JobsBackend"
 
 
 class DjangoJobsConfig(AppConfig):
@@ -10,3 +16,22 @@ class DjangoJobsConfig(AppConfig):
     def ready(self) -> None:
         # Import every installed app's jobs.py so that its @job functions are registered.
         autodiscover_modules("jobs")
+        # A @task function of Django's Tasks framework is registered when its module is
+        # imported (JobsBackend.validate_task): import tasks.py too, but only where django-jobs
+        # is the framework's backend, so that other task libraries' tasks.py stay untouched.
+        if _serves_tasks_framework():
+            autodiscover_modules("tasks")
+
+
+def _serves_tasks_framework() -> bool:
+    """Whether Django's ``TASKS`` setting names JobsBackend (or a subclass) for some alias."""
+    for params in conf.tasks_backends().values():
+        try:
+            backend = import_string(str(params.get("BACKEND", "")))
+        except ImportError:
+            continue  # the Tasks framework reports a bad BACKEND when the backend is used
+        if inspect.isclass(backend) and any(
+            f"{cls.__module__}.{cls.__qualname__}" == BACKEND for cls in inspect.getmro(backend)
+        ):
+            return True
+    return False

@@ -200,3 +200,10 @@ def parse_duration(value: str | float | timedelta) -> timedelta:
     if duration < timedelta(0):
         raise ValueError(f"a duration cannot be negative, got {value!r}")
     return duration
+
+
+def tasks_backends() -> dict[str, dict[str, Any]]:
+    """Django's ``TASKS`` setting: the backends of Django's Tasks framework, by alias. Read here
+    only to find the aliases served by ``django_jobs.backend.JobsBackend``; each backend gets its
+    own ``QUEUES`` and ``OPTIONS`` from Django. Default ``{}``."""
+    return {str(alias): dict(params) for alias, params in dict(_get("TASKS", {})).items()}

@@ -20,8 +20,9 @@ class UnknownTask(JobsError, LookupError):
         self.name = name
         super().__init__(
             f"unknown task {name!r}: no @job function is registered under that name in this "
-            "process. Define it in an installed app's jobs.py (or import its module at startup), "
-            "and deploy it to the workers before enqueueing."
+            "process. Define it in an installed app's jobs.py (or tasks.py, for @task functions "
+            "of Django's Tasks framework), or import its module at startup, and deploy it to the "
+            "workers before enqueueing."
         )
 
 
@@ -53,3 +54,24 @@ class Retry(Exception):
 
 class Fail(Exception):
     """Raise from a job to end it in ``error`` at once, without further retries."""
+
+
+class AttemptInterrupted(JobsError):
+    """Names an attempt that ended without an exception from the job function, where an
+    exception class is expected: in the ``errors`` of a Tasks-framework ``TaskResult``."""
+
+
+class AttemptTimedOut(AttemptInterrupted):
+    """The attempt ran past its timeout and was stopped."""
+
+
+class AttemptCrashed(AttemptInterrupted):
+    """The process running the attempt died (``os._exit``, a segfault, the OOM killer)."""
+
+
+class AttemptLost(AttemptInterrupted):
+    """The attempt's worker disappeared; the reaper ended the attempt."""
+
+
+class AttemptCancelled(AttemptInterrupted):
+    """The job was cancelled while the attempt ran."""

@@ -17,9 +17,18 @@ from django_jobs import conf
 from django_jobs.exceptions import InvalidOption, JobsError, UnknownTask
 
 if TYPE_CHECKING:
+    from django_jobs.context import JobContext
     from django_jobs.models import Job
 
 BackoffPolicy = tuple[float, float] | Callable[[int], float]
+
+#: How a worker runs a task whose calls need more than ``func(*args, **kwargs)``. It receives the
+#: run's :class:`~django_jobs.context.JobContext`, a ``call(args, kwargs)`` that runs ``func`` to
+#: its end (a coroutine function in an event loop of its own), and the job's arguments; it
+#: returns the function's result or raises its exception.
+Runner = Callable[
+    ["JobContext", Callable[[list[Any], dict[str, Any]], Any], list[Any], dict[str, Any]], Any
+]
 
 _UNSET: Any = object()
 
@@ -40,6 +49,9 @@ class Task:
     timeout: int | None = None
     takes_context: bool = False
     retry_backoff: BackoffPolicy | None = None
+    # Set for @task functions of Django's Tasks framework (django_jobs.backend), which take a
+    # TaskContext and send the framework's signals around each run.
+    runner: Runner | None = None
     # Per-call options, set through using():
     run_after: datetime | timedelta | None = None
     depends_on: tuple[Any, ...] = ()

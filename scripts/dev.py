@@ -5,9 +5,13 @@
     python3 scripts/dev.py test [ARGS]  # the whole test suite (ARGS go to pytest)
 
 It creates ``.venv`` with the running Python and installs the project with its test extras
-(again only when pyproject.toml changes). With ``DATABASE_URL`` unset it starts an embedded
-PostgreSQL in ``.pgdata/`` (from the ``pgserver`` package) and stops it afterwards; with
-``DATABASE_URL`` set it uses that server, creating the database if it does not exist.
+(again only when pyproject.toml changes). The newest Django for that Python is installed: 5.2 LTS
+on Python 3.11, 6.x on 3.12 and newer. ``DJANGO_JOBS_VENV`` names another virtualenv directory,
+and ``DJANGO_JOBS_DJANGO`` a Django requirement to install instead (e.g. ``django>=6,<7``).
+
+With ``DATABASE_URL`` unset it starts an embedded PostgreSQL in ``.pgdata/`` (from the
+``pgserver`` package) and stops it afterwards; with ``DATABASE_URL`` set it uses that server,
+creating the database if it does not exist.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ def ensure_venv() -> None:
         say(f"creating {VENV.relative_to(ROOT) if VENV.is_relative_to(ROOT) else VENV}")
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = VENV / ".django-jobs-installed"
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    django = os.environ.get("DJANGO_JOBS_DJANGO", "")
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + django.encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted:
         return
-    say("installing django-jobs and its test dependencies")
+    say("installing django-jobs and its test dependencies" + (f" with {django}" if django else ""))
     subprocess.run(
         [
             str(venv_python()),
@@ -55,6 +60,7 @@ def ensure_venv() -> None:
             "--disable-pip-version-check",
             "-e",
             f"{ROOT}[dev]",
+            *([django] if django else []),
         ],
         check=True,
     )

@@ -77,6 +77,16 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 JOBS_QUEUES = ["default", "reports", "imports"]
 
+# Django's Tasks framework, served by django-jobs (testproject/testjobs/tasks.py). Retries are
+# quick so that the tests can watch them.
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobs.backend.JobsBackend",
+        "QUEUES": ["default", "reports"],
+        "OPTIONS": {"max_attempts": 2, "timeout": 120, "retry_backoff": (0.2, 0.2)},
+    },
+}
+
 # Timing settings may come from the environment, so tests can run workers on short clocks.
 for _name, _cast in [
     ("JOBS_HEARTBEAT_INTERVAL", float),

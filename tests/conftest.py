@@ -22,6 +22,17 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_report_header() -> str:
+    import django
+
+    from django_jobs.compat import TASKS_MODULE
+
+    return (
+        f"django-jobs matrix leg: Python {sys.version.split()[0]}, Django {django.get_version()}, "
+        f"Tasks framework from {TASKS_MODULE}"
+    )
+
+
 def database_url() -> str:
     """The URL of the database the tests use (pytest-django's test database)."""
     s = connection.settings_dict

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import signal
 import sys
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_jobs.exceptions import Fail, Retry, UnknownTask
+
+if TYPE_CHECKING:
+    from django_jobs.registry import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +72,22 @@ def run_assignment(assignment: Assignment) -> Report:
         return Report(job_id, "error", error=f"bad job arguments: {exc}", retryable=False)
 
     close_old_connections()
+    context = JobContext(
+        job_id=job_id,
+        task=assignment.task,
+        attempt=assignment.attempt,
+        max_attempts=assignment.max_attempts,
+        worker_id=assignment.worker_id,
+    )
     try:
-        if task.takes_context:
-            context = JobContext(
-                job_id=job_id,
-                task=assignment.task,
-                attempt=assignment.attempt,
-                max_attempts=assignment.max_attempts,
-                worker_id=assignment.worker_id,
-            )
-            args = [context, *args]
-        if task.is_async:
-            value = asyncio.run(task.func(*args, **kwargs))
+        if task.runner is not None:
+            # A @task of Django's Tasks framework: its backend wraps the call (TaskContext,
+            # the framework's signals); the function itself still runs through _call.
+            value = task.runner(context, functools.partial(_call, task), args, kwargs)
         else:
-            value = task.func(*args, **kwargs)
+            if task.takes_context:
+                args = [context, *args]
+            value = _call(task, args, kwargs)
     except Retry as exc:
         return Report(
             job_id,
@@ -109,6 +115,13 @@ def run_assignment(assignment: Assignment) -> Report:
             error=f"the job returned {type(value).__name__}, which is not JSON: {exc}",
         )
     return Report(job_id, "done", result_json=result_json)
+
+
+def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a task's function to its end: a coroutine function in an event loop of its own."""
+    if task.is_async:
+        return asyncio.run(task.func(*args, **kwargs))
+    return task.func(*args, **kwargs)
 
 
 def _summary(exc: BaseException) -> str:
