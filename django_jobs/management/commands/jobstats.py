@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -9,26 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import stats
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {number}")
-    return number
-
-
-def _minutes(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole minutes, got {value!r}") from None
-    if not 1 <= number <= 1440:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 1440, got {number}")
-    return number
+from django_jobs.management.arguments import seconds, whole_number
 
 
 class Command(BaseCommand):
@@ -40,7 +20,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--watch",
-            type=_seconds,
+            type=seconds(allow_zero=False),
             nargs="?",
             const=2.0,
             default=None,
@@ -54,7 +34,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--window",
-            type=_minutes,
+            type=whole_number(1, 1440, "whole minutes"),
             default=15,
             metavar="MINUTES",
             help="Minutes over which throughput and failures are counted (default 15).",

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import conf
+from django_jobs.management.arguments import whole_number
 from django_jobs.prune import PruneResult, check_states, prune
 
 
@@ -23,16 +24,6 @@ def _states(value: str) -> tuple[str, ...]:
         return check_states(value.split(","))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _batch_size(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if not 1 <= number <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 100000, got {number}")
-    return number
 
 
 class Command(BaseCommand):
@@ -65,7 +56,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=_batch_size,
+            type=whole_number(1, 100_000),
             default=1000,
             metavar="N",
             help="Jobs per batch; each batch is one short transaction (default: 1000).",

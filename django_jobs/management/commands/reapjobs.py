@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import signal
 import threading
 from typing import Any
@@ -8,17 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import logging as jobs_logging
+from django_jobs.management.arguments import seconds
 from django_jobs.reaper import logger, reap
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {number}")
-    return number
 
 
 class Command(BaseCommand):
@@ -36,7 +26,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--interval",
-            type=_positive_float,
+            type=seconds(allow_zero=False),
             default=300.0,
             metavar="SECONDS",
             help="Seconds between passes with --loop (default: 300).",

@@ -6,27 +6,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import logging as jobs_logging
+from django_jobs.management.arguments import seconds, whole_number
 from django_jobs.worker.supervisor import Supervisor
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {number}")
-    return number
 
 
 def _queue_list(value: str) -> list[str]:
@@ -53,7 +34,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
+            type=whole_number(1),
             default=1,
             metavar="N",
             help="Jobs run in parallel, each in its own executor process (default: 1).",
@@ -72,14 +53,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-jobs",
-            type=_positive_int,
+            type=whole_number(1),
             default=None,
             metavar="N",
             help="Exit after claiming N jobs (and finishing them).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_non_negative_float,
+            type=seconds(allow_zero=True),
             default=None,
             metavar="SECONDS",
             help="Seconds between looks for ready jobs when idle (default: JOBS_POLL_INTERVAL, 1).",
@@ -92,7 +73,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--grace",
-            type=_non_negative_float,
+            type=seconds(allow_zero=True),
             default=25.0,
             metavar="SECONDS",
             help="On SIGTERM, how long running jobs may go on before they are stopped and "

@@ -1,0 +1,43 @@
+"""Argument types shared by the management commands: each turns a bad value into a clear
+usage error (exit code 2) instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def whole_number(low: int, high: int | None = None, unit: str = "a whole number"):
+    """An ``int`` in ``[low, high]``."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {unit}, got {value!r}") from None
+        if high is None and number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {number}")
+        if high is not None and not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {number}")
+        return number
+
+    return parse
+
+
+def seconds(*, allow_zero: bool):
+    """A number of seconds: positive, or with ``allow_zero`` not negative."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds, got {value!r}"
+            ) from None
+        if allow_zero and number < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative, got {number}")
+        if not allow_zero and number <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {number}")
+        return number
+
+    return parse
