@@ -7,7 +7,9 @@ import argparse
 from collections.abc import Callable
 
 
-def whole_number(low: int, high: int | None = None, unit: str = "a whole number"):
+def whole_number(
+    low: int, high: int | None = None, unit: str = "a whole number"
+) -> Callable[[str], int]:
     """An ``int`` in ``[low, high]``."""
 
     def parse(value: str) -> int:
@@ -24,7 +26,7 @@ def whole_number(low: int, high: int | None = None, unit: str = "a whole number"
     return parse
 
 
-def seconds(*, allow_zero: bool):
+def seconds(*, allow_zero: bool) -> Callable[[str], float]:
     """A number of seconds: positive, or with ``allow_zero`` not negative."""
 
     def parse(value: str) -> float:
