@@ -227,6 +227,8 @@ class Supervisor:
         if self.wakeup is not None:
             self.wakeup.ensure()
         self._fill_slots()
+        if self._finished():
+            return  # e.g. --burst found nothing: exit now, not after one more poll interval
         self._wait(self._next_timeout())
         self._enforce_deadlines()
 
