@@ -83,6 +83,9 @@ def start(host: str, port: int | str, user: str, pool_size: int = 3) -> PgBounce
         default_pool_size = {pool_size}
         max_client_conn = 500
         server_reset_query =
+        ; Close idle server connections soon: a pgbouncer left behind by a killed run must not
+        ; keep the test database busy for the next one.
+        server_idle_timeout = 5
         ignore_startup_parameters = extra_float_digits
         logfile = {directory}/pgbouncer.log
         pidfile = {directory}/pgbouncer.pid
