@@ -36,9 +36,9 @@ from bench.tracing import count, start_trace
 
 OUR_STATEMENTS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     # A busy worker sends a finish and its next claim as one message.
-    ("finish+claim", ("WITH target AS", "WITH claimed AS")),
-    ("claim", "WITH claimed AS"),
-    ("finish", "WITH target AS"),
+    ("finish+claim", ("django_jobs_finish(", "django_jobs_claim(")),
+    ("claim", "django_jobs_claim("),
+    ("finish", "django_jobs_finish("),
     ("heartbeat", "INSERT INTO django_jobs_worker"),
     ("startup recovery", "LEFT JOIN django_jobs_worker"),
     ("unregister", "DELETE FROM django_jobs_worker"),

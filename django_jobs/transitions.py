@@ -111,14 +111,50 @@ def _claimed(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
     )
 
 
+def _function_body(source: str) -> str:
+    # Trailing spaces left by the statements' templates go, so that migrations can quote the
+    # body as it is.
+    return "\n".join(line.rstrip() for line in source.strip().splitlines()) + "\n"
+
+
+# The claim runs inside a PL/pgSQL function whose body is the statement above (one branch per
+# queue filter), made by migration 0005 from CLAIM_FUNCTION_BODY. PostgreSQL keeps a function's
+# plans for the life of its connection, so a worker does not pay for planning the statement on
+# every job, and nothing is prepared on the protocol, which pgbouncer in transaction mode would
+# break. tests/test_transitions.py checks that the database's function has this body.
+CLAIM_FUNCTION = "django_jobs_claim"
+CLAIM_FUNCTION_BODY = _function_body(
+    """
+#variable_conflict use_column
+BEGIN
+    IF p_queues IS NULL OR cardinality(p_queues) = 0 THEN
+        RETURN QUERY {any_queue};
+    ELSIF cardinality(p_queues) = 1 THEN
+        RETURN QUERY {one_queue};
+    ELSE
+        RETURN QUERY {some_queues};
+    END IF;
+END
+""".format(
+        any_queue=_CLAIM_ANY_QUEUE % {"worker_id": "p_worker_id"},
+        one_queue=_CLAIM_ONE_QUEUE % {"worker_id": "p_worker_id", "queue": "p_queues[1]"},
+        some_queues=_CLAIM_SOME_QUEUES % {"worker_id": "p_worker_id", "queues": "p_queues"},
+    )
+)
+_CALL_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION}(%(worker_id)s::text, %(queues)s::text[])"
+
+
 def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
-    sql, params = claim_sql(queues)
     # A claim lost in a server crash only makes the job claimable again (delivery is
     # at-least-once, and the first run's finish is fenced off), so its commit need not wait
     # for the disk. The finish must: a lost finish would leave a job running under a live worker.
-    db.execute(cursor, sql, {"worker_id": worker_id, **params}, durable=False)
+    db.execute(cursor, _CALL_CLAIM, _claim_params(worker_id, queues), durable=False)
     return _claimed(worker_id, cursor.fetchone())
+
+
+def _claim_params(worker_id: str, queues: Sequence[str] | None) -> dict[str, Any]:
+    return {"worker_id": worker_id, "queues": list(queues) if queues else None}
 
 
 # Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
@@ -173,6 +209,35 @@ SELECT state, parent_id,
 FROM job
 """
 _FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
+
+# Like the claim, the worker's finish runs inside a PL/pgSQL function whose body is _FINISH
+# (migration 0005), so that its plan is kept. The reaper, which is not on the hot path, runs
+# _REAP below as a statement.
+FINISH_FUNCTION = "django_jobs_finish"
+_FINISH_PARAMETERS = (
+    "job_id",
+    "attempt",
+    "worker_id",
+    "outcome",
+    "result",
+    "error",
+    "traceback",
+    "retryable",
+    "retry_delay",
+)
+FINISH_FUNCTION_BODY = _function_body(
+    """
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY {finish};
+END
+""".format(finish=_FINISH % {name: f"p_{name}" for name in _FINISH_PARAMETERS})
+)
+_CALL_FINISH = (
+    f"SELECT * FROM {FINISH_FUNCTION}(%(job_id)s::bigint, %(attempt)s::integer,"
+    " %(worker_id)s::text, %(outcome)s::text, %(result)s::text, %(error)s::text,"
+    " %(traceback)s::text, %(retryable)s::boolean, %(retry_delay)s::float8)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +307,7 @@ def finish(
     """
     db.execute(
         cursor,
-        _FINISH,
+        _CALL_FINISH,
         _end_params(
             lease,
             outcome,
@@ -265,12 +330,11 @@ def finish_and_claim(
 ) -> tuple[Ended | None, ClaimedJob | None]:
     """:func:`finish`, then :func:`claim` the next job for the same worker, as one transaction
     in one round trip: a busy worker pays one commit per job instead of two."""
-    claim_statement, claim_params = claim_sql(queues)
     finished, claimed = db.execute_together(
         cursor,
         [
-            (_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
-            (claim_statement, {"worker_id": lease.worker_id, **claim_params}),
+            (_CALL_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
+            (_CALL_CLAIM, _claim_params(lease.worker_id, queues)),
         ],
     )
     return (

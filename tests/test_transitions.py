@@ -6,6 +6,8 @@ import json
 import threading
 from datetime import timedelta
 
+import psycopg
+import psycopg.sql
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -218,7 +220,42 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         plans[index] = plan = _plan(sql, {"worker_id": WORKER, **params})
         assert f"Index Scan using {index}" in plan, plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
+        # The worker runs the statement inside django_jobs_claim(), which keeps a generic plan
+        # (one made without the parameters' values): that one must use the index as well.
+        generic = _generic_plan(sql, {"worker_id": WORKER, **params})
+        assert f"Index Scan using {index}" in generic, generic
+        assert "Sort" not in generic and "Seq Scan" not in generic, generic
     print("\n\n".join(plans.values()))
+
+
+def _generic_plan(sql: str, params: dict) -> str:
+    names = list(params)
+    for number, name in enumerate(names, start=1):
+        sql = sql.replace(f"%({name})s", f"${number}")
+    with connect() as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE generic_claim AS {sql}")
+        values = ", ".join(_literal(conn, params[name]) for name in names)
+        return "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE generic_claim({values})"))
+
+
+def _literal(conn, value) -> str:
+    return psycopg.sql.Literal(value).as_string(conn)
+
+
+def test_the_worker_functions_in_the_database_run_the_statements_of_transitions() -> None:
+    # Migration 0005 made them from these bodies; a change to the statements needs a migration
+    # that replaces the functions, or the worker would run the old ones.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT proname, prosrc FROM pg_proc WHERE proname IN (%s, %s)",
+            [transitions.CLAIM_FUNCTION, transitions.FINISH_FUNCTION],
+        )
+        bodies = {name: source.strip() for name, source in cursor.fetchall()}
+    assert bodies == {
+        transitions.CLAIM_FUNCTION: transitions.CLAIM_FUNCTION_BODY.strip(),
+        transitions.FINISH_FUNCTION: transitions.FINISH_FUNCTION_BODY.strip(),
+    }
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as on a worker's connection
