@@ -25,7 +25,8 @@ LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"
 
 
-def _raw_cursor(cursor: Any) -> Any:
+def raw_cursor(cursor: Any) -> Any:
+    """The driver's cursor behind ``cursor``."""
     # A Django CursorWrapper keeps the driver's cursor in .cursor; a psycopg cursor is itself.
     return getattr(cursor, "cursor", cursor)
 
@@ -36,7 +37,7 @@ def execute(cursor: Any, sql: str, params: Any = None, *, durable: bool = True) 
     ``durable=False`` lets its commit return before the WAL reaches disk (``SET LOCAL
     synchronous_commit = off``), for a write whose loss in a server crash is harmless.
     """
-    raw = _raw_cursor(cursor)
+    raw = raw_cursor(cursor)
     idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not (idle and isinstance(raw, psycopg.ClientCursor)):
         cursor.execute(sql, params)
@@ -67,7 +68,7 @@ def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list
     (the statements are bound here and sent as one simple-query message, which PostgreSQL runs
     as a single implicit transaction). Otherwise they run one after the other.
     """
-    raw = _raw_cursor(cursor)
+    raw = raw_cursor(cursor)
     idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not (idle and isinstance(raw, psycopg.ClientCursor)):
         results = []

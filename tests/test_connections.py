@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -60,7 +61,13 @@ def test_a_rolled_back_enqueue_wakes_nobody() -> None:
         assert list(listener.notifies(timeout=0.3)) == []
         echo.using(queue="reports").enqueue()
         notes = list(listener.notifies(timeout=1, stop_after=1))
-    assert [n.payload for n in notes] == ["reports"]  # the queue name, and nothing else
+        assert [n.payload for n in notes] == ["reports"]  # the queue name, and nothing else
+        # A bulk enqueue wakes workers once, at its commit; jobs that are not ready, never.
+        echo.using(queue="reports", run_after=timedelta(hours=1)).enqueue_many([((), {})])
+        assert list(listener.notifies(timeout=0.3)) == []
+        echo.using(queue="imports").enqueue_many([((), {})] * 100)
+        notes = list(listener.notifies(timeout=0.5))
+    assert [n.payload for n in notes] == ["imports"]
 
 
 def test_a_lock_timeout_delays_a_finish_but_never_fails_the_job(start_worker) -> None:

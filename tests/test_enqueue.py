@@ -47,15 +47,40 @@ def test_a_relative_run_after_is_counted_from_database_time() -> None:
     assert delay == timedelta(minutes=10)
 
 
-def test_enqueue_many_inserts_in_one_statement_and_keeps_order() -> None:
+def test_enqueue_many_copies_the_rows_after_one_statement_and_keeps_order() -> None:
     with CaptureQueriesContext(connection) as queries:
         jobs = echo.enqueue_many(((i,), {"n": i}) for i in range(500))
-    assert len(queries) == 1
+    # One statement reserves the ids; the rows go in with COPY (not a statement Django logs).
+    statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 1 and "nextval" in statements[0]
     assert [j.args for j in jobs] == [[i] for i in range(500)]
     stored = list(
-        Job.objects.filter(task="tests.echo").order_by("id").values_list("args", "kwargs")
+        Job.objects.filter(task="tests.echo").order_by("id").values_list("id", "args", "kwargs")
     )
-    assert stored == [([i], {"n": i}) for i in range(500)]
+    assert stored == [(job.pk, [i], {"n": i}) for i, job in enumerate(jobs)]
+
+
+def test_enqueue_many_returns_jobs_equal_to_the_stored_rows() -> None:
+    parent = echo.enqueue()
+    calls = [((i, "x", None, True), {"nested": {"list": [i, 1.5]}}) for i in range(3)]
+    task = echo.using(
+        queue="reports", priority=5, max_attempts=7, timeout=30, run_after=timedelta(minutes=5)
+    )
+    jobs = task.using(parent=parent).enqueue_many(calls)
+    fields = [field.attname for field in Job._meta.concrete_fields]
+    for job in jobs:
+        stored = Job.objects.get(pk=job.pk)
+        assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+        assert job._state.adding is False and job._state.db == "default"
+    assert [j.args for j in jobs] == [[i, "x", None, True] for i in range(3)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after - now() FROM django_jobs_job WHERE id = %s", [jobs[0].pk])
+        assert cursor.fetchone()[0] == timedelta(minutes=5)
+    # They are ordinary model instances: they refresh, save and compare like fetched ones.
+    jobs[1].priority = 9
+    jobs[1].save(update_fields=["priority"])
+    assert Job.objects.get(pk=jobs[1].pk).priority == 9
+    assert jobs[2] == Job.objects.get(pk=jobs[2].pk) and jobs[2] != jobs[1]
 
 
 @pytest.mark.django_db(transaction=True)
