@@ -61,12 +61,14 @@ def is_timeout(exc: BaseException) -> bool:
     return False
 
 
-def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
+def execute_together(
+    cursor: Any, statements: Sequence[tuple[str, Any]], *, durable: bool = True
+) -> list[list[Any]]:
     """Run several statements as one transaction in one round trip; return each one's rows.
 
-    Like :func:`execute`, with bounded waits, when the connection is idle and binds client-side
-    (the statements are bound here and sent as one simple-query message, which PostgreSQL runs
-    as a single implicit transaction). Otherwise they run one after the other.
+    Like :func:`execute`, with bounded waits (and ``durable``), when the connection is idle and
+    binds client-side (the statements are bound here and sent as one simple-query message, which
+    PostgreSQL runs as a single implicit transaction). Otherwise they run one after the other.
     """
     raw = raw_cursor(cursor)
     idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -79,6 +81,7 @@ def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list
     parts = [
         f"SET LOCAL lock_timeout = {conf.lock_timeout_ms():d}",
         f"SET LOCAL statement_timeout = {conf.statement_timeout_ms():d}",
+        *([] if durable else ["SET LOCAL synchronous_commit = off"]),
         *(raw.mogrify(sql, params) for sql, params in statements),
     ]
     cursor.execute("; ".join(parts))

@@ -148,7 +148,7 @@ def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJ
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
     # A claim lost in a server crash only makes the job claimable again (delivery is
     # at-least-once, and the first run's finish is fenced off), so its commit need not wait
-    # for the disk. The finish must: a lost finish would leave a job running under a live worker.
+    # for the disk. A worker's finishes need not either: see heartbeat() for what finds them.
     db.execute(cursor, _CALL_CLAIM, _claim_params(worker_id, queues), durable=False)
     return _claimed(worker_id, cursor.fetchone())
 
@@ -300,10 +300,13 @@ def finish(
     traceback: str = "",
     retryable: bool = True,
     retry_delay: float = 0.0,
+    durable: bool = True,
 ) -> Ended | None:
     """End the attempt of ``lease`` with ``outcome``; say where the job went.
 
     Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
+    ``durable=False`` lets the commit return before it reaches the disk: for a worker, whose
+    heartbeat finds a finish that a server crash lost (see ``heartbeat``).
     """
     db.execute(
         cursor,
@@ -317,6 +320,7 @@ def finish(
             retryable=retryable,
             retry_delay=retry_delay,
         ),
+        durable=durable,
     )
     return _ended(lease.job_id, cursor.fetchone())
 
@@ -326,6 +330,8 @@ def finish_and_claim(
     lease: Lease,
     outcome: str,
     queues: Sequence[str] | None,
+    *,
+    durable: bool = True,
     **finish_options: Any,
 ) -> tuple[Ended | None, ClaimedJob | None]:
     """:func:`finish`, then :func:`claim` the next job for the same worker, as one transaction
@@ -336,6 +342,7 @@ def finish_and_claim(
             (_CALL_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
             (_CALL_CLAIM, _claim_params(lease.worker_id, queues)),
         ],
+        durable=durable,
     )
     return (
         _ended(lease.job_id, finished[0] if finished else None),
@@ -393,7 +400,13 @@ class WorkerInfo:
 # the same round trip, read back the jobs this worker believes it runs: whether it still holds
 # each lease, and whether cancellation was requested. Only the small worker table is written, so
 # job rows are not churned by heartbeats.
-# Index: the worker table's primary key; the job table's primary key for the listed ids.
+# It also lists *orphans*: jobs running under this worker's id that the worker does not know
+# of. A worker's finishes and claims commit without waiting for the disk, so a server crash can
+# undo the last ones: a finished job is then running again in the table, under a worker that is
+# alive and will never finish it. So can a claim whose reply was lost with the connection. The
+# worker ends such attempts as lost (reaper.end_attempts), and the jobs run again.
+# Index: the worker table's primary key; the job table's primary key for the listed ids;
+# job_running_worker_idx for the orphans.
 _HEARTBEAT = f"""
 WITH beat AS (
     INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, started_at,
@@ -404,10 +417,16 @@ WITH beat AS (
 )
 SELECT j.id,
        j.state = 'running' AND j.worker_id = %(id)s AND j.attempt = l.attempt AS held,
-       j.cancel_requested
+       j.cancel_requested,
+       false AS orphan
 FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS l(id, attempt)
 JOIN {JOB} j ON j.id = l.id
 WHERE EXISTS (SELECT 1 FROM beat)
+UNION ALL
+SELECT o.id, false, o.cancel_requested, true
+FROM {JOB} o
+WHERE o.state = 'running' AND o.worker_id = %(id)s AND o.id <> ALL(%(known_ids)s::bigint[])
+  AND EXISTS (SELECT 1 FROM beat)
 """
 
 
@@ -418,24 +437,42 @@ class LeaseStatus:
     cancel_requested: bool
 
 
-def heartbeat(cursor: Any, worker: WorkerInfo, leases: Sequence[Lease]) -> dict[int, LeaseStatus]:
-    """Record that ``worker`` is alive; report on each of its leases (missing id: job deleted)."""
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """What a heartbeat read back: the status of each lease (a missing id: the job was
+    deleted), and the ids of the worker's orphans."""
+
+    leases: dict[int, LeaseStatus]
+    orphans: list[int]
+
+
+def heartbeat(
+    cursor: Any, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int] = ()
+) -> Beat:
+    """Record that ``worker`` is alive; report on its leases, and on its orphans: jobs running
+    under its id that are neither leased nor ``unwritten`` (ended by the worker, with the write
+    saying so still to be made)."""
     import json
 
+    job_ids = [lease.job_id for lease in leases]
     db.execute(
         cursor,
         _HEARTBEAT,
         {
             **dataclasses.asdict(worker),
             "queues": json.dumps(worker.queues),
-            "job_ids": [lease.job_id for lease in leases],
+            "job_ids": job_ids,
             "attempts": [lease.attempt for lease in leases],
+            "known_ids": [*job_ids, *unwritten],
         },
     )
-    return {
-        job_id: LeaseStatus(job_id, bool(held), bool(cancel))
-        for job_id, held, cancel in cursor.fetchall()
-    }
+    statuses, orphans = {}, []
+    for job_id, held, cancel, orphan in cursor.fetchall():
+        if orphan:
+            orphans.append(job_id)
+        else:
+            statuses[job_id] = LeaseStatus(job_id, bool(held), bool(cancel))
+    return Beat(statuses, orphans)
 
 
 def unregister_worker(cursor: Any, worker_id: str) -> None:

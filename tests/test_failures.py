@@ -28,7 +28,7 @@ from testproject.testjobs.jobs import (
 )
 from testproject.testjobs.models import Execution
 from tests.conftest import wait_for
-from tests.factories import JobFactory, WorkerFactory
+from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -335,3 +335,28 @@ def test_a_worker_that_cannot_heartbeat_stops_claiming() -> None:
         assert not supervisor._can_claim()
     finally:
         supervisor.db.close()
+
+
+def test_a_job_running_under_a_live_worker_that_does_not_run_it_is_ended_at_its_heartbeat(
+    start_worker,
+) -> None:
+    # What a finish lost in a database crash leaves behind (a worker's finishes commit without
+    # waiting for the disk): the job is running in the table, under a worker that is alive and
+    # has moved on. Its next heartbeat finds it, and the job runs again.
+    worker = start_worker(env=FAST)
+    worker_id = wait_for(lambda: Worker.objects.values_list("id", flat=True).first())
+    busy = record.enqueue(note="really running", seconds=3)
+    wait_for(lambda: running(busy))
+    orphan = JobFactory(claimed=True, worker_id=worker_id, max_attempts=2, task="tests.echo")
+    AttemptFactory(job=orphan, number=1, worker_id=worker_id)
+
+    wait_for(lambda: Job.objects.get(pk=orphan.pk).state == "done", timeout=20)
+    first, second = Attempt.objects.filter(job=orphan).order_by("number")
+    assert first.outcome == "lost" and "its worker was not running it" in first.error
+    assert second.outcome == "done"
+    # The job the worker does run is left alone.
+    wait_for(lambda: Job.objects.get(pk=busy.pk).state == "done", timeout=20)
+    assert Attempt.objects.get(job=busy).outcome == "done"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert "are not running here" in worker.output

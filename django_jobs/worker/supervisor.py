@@ -123,8 +123,13 @@ class Supervisor:
         )
         self.stats = WorkerStats()
         self.slots: list[Slot] = []
-        # Writes to make, in order; a write may return what to do once it has committed.
-        self.outbox: collections.deque[tuple[str, Callable[[Any], Any]]] = collections.deque()
+        # Writes to make, in order, each with the job it ends; a write may return what to do
+        # once it has committed.
+        self.outbox: collections.deque[tuple[str, Callable[[Any], Any], int | None]] = (
+            collections.deque()
+        )
+        # Jobs this worker has ended whose write is still in the outbox: not orphans.
+        self.unwritten: set[int] = set()
         self.stopping = False
         self.hard_stop = False
         self.grace_deadline: float | None = None
@@ -474,12 +479,16 @@ class Supervisor:
         def write(cursor: Any) -> Callable[[], None] | None:
             # A busy worker claims its next job in the same round trip as this finish.
             slot = self._free_slot() if self.queue_may_have_work and self._can_claim() else None
+            # The commit does not wait for the disk: a finish that a server crash loses shows up
+            # as an orphan at the next heartbeat, and the job runs again (at-least-once).
             if slot is None:
-                ended = transitions.finish(cursor, job.lease, report.outcome, **options)
+                ended = transitions.finish(
+                    cursor, job.lease, report.outcome, durable=False, **options
+                )
                 then = None
             else:
                 ended, claimed = transitions.finish_and_claim(
-                    cursor, job.lease, report.outcome, self.queues, **options
+                    cursor, job.lease, report.outcome, self.queues, durable=False, **options
                 )
                 then = functools.partial(self._claimed, slot, claimed)
             if ended is None:
@@ -495,7 +504,7 @@ class Supervisor:
             if ended.needs_settling:
                 # After the finish has committed, in statements of their own (workflows.py).
                 self.outbox.append(
-                    (f"settle job {job.id}", functools.partial(self._settle, job.id))
+                    (f"settle job {job.id}", functools.partial(self._settle, job.id), None)
                 )
             if state == "done":
                 self.stats.done += 1
@@ -534,7 +543,8 @@ class Supervisor:
                 )
             return then
 
-        self.outbox.append((f"finish job {job.id}", write))
+        self.unwritten.add(job.id)
+        self.outbox.append((f"finish job {job.id}", write, job.id))
         self._flush_outbox()
 
     def _release(self, job: ClaimedJob) -> None:
@@ -548,7 +558,8 @@ class Supervisor:
             else:
                 self._lease_lost(job, "could not be released")
 
-        self.outbox.append((f"release job {job.id}", write))
+        self.unwritten.add(job.id)
+        self.outbox.append((f"release job {job.id}", write, job.id))
         self._flush_outbox()
 
     def _recover_earlier_boots(self) -> None:
@@ -572,6 +583,28 @@ class Supervisor:
         if self._db_call("startup recovery", recover) is not _FAILED:
             self.recovered = True
 
+    def _end_orphans(self, job_ids: list[int]) -> None:
+        """End the attempts of jobs running under this worker's id that it does not run (see
+        transitions.heartbeat): they run again, or fail if out of attempts."""
+        logger.warning(
+            "%d job(s) running under this worker in the database are not running here (a finish"
+            " or claim lost in a database crash, or a write given up on): %s; ending them as lost",
+            len(job_ids),
+            ", ".join(map(str, job_ids)),
+            extra={"worker_id": self.worker_id},
+        )
+        orphans = set(job_ids)
+
+        def end(cursor: Any) -> list[Any]:
+            candidates = [
+                (job, Outcome.LOST, "its worker was not running it", None)
+                for job in transitions.running_jobs(cursor, conf.timeout_grace())
+                if job.lease.job_id in orphans and job.lease.worker_id == self.worker_id
+            ]
+            return end_attempts(cursor, candidates)
+
+        self._db_call("ending orphans", end)
+
     def _lease_lost(self, job: ClaimedJob, what: str, elapsed: float | None = None) -> None:
         self.stats.lost_leases += 1
         fields: dict[str, Any] = {**_job_fields(job, self.worker_id), "event": "lease_lost"}
@@ -587,10 +620,11 @@ class Supervisor:
 
     def _flush_outbox(self) -> None:
         while self.outbox and time.monotonic() >= self.db_retry_at:
-            description, write = self.outbox[0]
+            description, write, job_id = self.outbox[0]
             then = self._db_call(description, write)
             if then is not _FAILED:
                 self.outbox.popleft()
+                self._written(job_id)
                 self.outbox_failures = 0
                 if callable(then):
                     then()  # e.g. start the job claimed together with a finish
@@ -598,19 +632,31 @@ class Supervisor:
             self.outbox_failures += 1
             if not self.last_error_transient and self.outbox_failures >= 5:
                 # Not an outage but a write that keeps failing: give up on it rather than
-                # block every later one. The job stays running; the reaper recovers it.
+                # block every later one. The job stays running, and the next heartbeat finds it
+                # an orphan.
                 logger.error("giving up on %s after %d failures", description, self.outbox_failures)
                 self.outbox.popleft()
+                self._written(job_id)
                 self.outbox_failures = 0
             return
+
+    def _written(self, job_id: int | None) -> None:
+        if job_id is not None:
+            self.unwritten.discard(job_id)
 
     def _heartbeat(self) -> None:
         self.next_heartbeat = time.monotonic() + self.heartbeat_interval
         leases = [slot.job.lease for slot in self.slots if slot.job is not None]
-        statuses = self._db_call("heartbeat", lambda c: transitions.heartbeat(c, self.info, leases))
-        if statuses is _FAILED:
+        unwritten = sorted(self.unwritten)
+        beat = self._db_call(
+            "heartbeat", lambda c: transitions.heartbeat(c, self.info, leases, unwritten)
+        )
+        if beat is _FAILED:
             return
         self.last_heartbeat_ok = time.monotonic()
+        if beat.orphans:
+            self._end_orphans(beat.orphans)
+        statuses = beat.leases
         for slot in self.slots:
             job = slot.job
             if job is None or slot.stop_reason is not None:
