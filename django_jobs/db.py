@@ -87,7 +87,7 @@ def execute_together(
     cursor.execute("; ".join(parts))
     results = []
     while True:
-        if raw.description is not None:
+        if raw.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:  # not a SET's result
             results.append(raw.fetchall())
         if not raw.nextset():
             return results

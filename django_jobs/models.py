@@ -46,7 +46,12 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(db_default="", blank=True, help_text="Summary of the last error.")
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        db_index=False,  # job_parent_idx, below: only children are indexed
     )
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
@@ -92,6 +97,11 @@ class Job(models.Model):
             ),
         ]
         indexes = [
+            # A job's children: the finish's check for unfinished ones, fan-in, cascades. Only
+            # children are in it, so a claim or finish of any other job costs it nothing.
+            models.Index(
+                fields=["parent"], condition=models.Q(parent__isnull=False), name="job_parent_idx"
+            ),
             # Claim, any queue: an ordered scan that stops at the first unlocked ready row.
             models.Index(
                 models.F("priority").desc(),

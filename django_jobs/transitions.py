@@ -265,6 +265,9 @@ def _ended(job_id: int, row: Sequence[Any] | None) -> Ended | None:
     return Ended(job_id, State(state).value, parent_id, bool(has_dependents))
 
 
+_ENDING_OUTCOMES = frozenset(Outcome.values) - {Outcome.RUNNING, Outcome.RELEASED}
+
+
 def _end_params(
     lease: Lease,
     outcome: str,
@@ -275,7 +278,7 @@ def _end_params(
     retryable: bool,
     retry_delay: float,
 ) -> dict[str, Any]:
-    if outcome not in Outcome.values or outcome in (Outcome.RUNNING, Outcome.RELEASED):
+    if outcome not in _ENDING_OUTCOMES:
         raise ValueError(f"an attempt cannot end as {outcome!r}")
     return {
         "job_id": lease.job_id,
