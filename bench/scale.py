@@ -2,8 +2,8 @@
 
 The table holds a fixed pool of ready jobs plus, for the rest, what a long-lived queue keeps:
 mostly finished jobs (done 95 %, error 2 %, cancelled 1 %, each with its attempt row), and
-waiting (1 %) and scheduled (1 %, due tomorrow) ones. After each fill the tables are vacuumed
-and analysed, as autovacuum would. At each size:
+waiting (1 %, each on a scheduled job) and scheduled (1 %, due tomorrow) ones. After each fill
+the tables are vacuumed and analysed, as autovacuum would. At each size:
 
 - the claim, django-jobs' own ``transitions.claim``, run many times, each in a transaction that
   is rolled back so that every run sees the same table: the median round trip as the client
@@ -11,7 +11,8 @@ and analysed, as autovacuum would. At each size:
   BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
 - a reaper pass (``django_jobs.reaper.reap``) over a few running jobs whose worker is alive.
 
-The admin changelist and the dashboard views will be measured here too once they exist.
+The admin changelist and the operations views at a million rows are measured by
+``bench/admin_pages.py`` and ``bench/views_cost.py``.
 Run as ``python -m bench.scale`` it is the probe itself (a Django process on ``DATABASE_URL``).
 """
 
@@ -63,6 +64,15 @@ SELECT id, attempt, worker_id, started_at, finished_at,
        error, ''
 FROM django_jobs_job
 WHERE id > %(after)s AND state IN ('done', 'error', 'cancelled')
+"""
+
+# A waiting job waits for something: here, for one of the scheduled jobs (due tomorrow).
+_FILL_DEPENDENCIES = """
+INSERT INTO django_jobs_dependency (job_id, depends_on_id)
+SELECT w.id, (SELECT s.id FROM django_jobs_job s
+              WHERE s.state = 'pending' AND s.run_after > now() ORDER BY s.id LIMIT 1)
+FROM django_jobs_job w
+WHERE w.id > %(after)s AND w.state = 'waiting'
 """
 
 _READY = """
@@ -130,6 +140,7 @@ def _grow(conn: Any, rows_now: int, target: int) -> float:
         after = cursor.execute("SELECT coalesce(max(id), 0) FROM django_jobs_job").fetchone()[0]
         cursor.execute(_FILL, {"count": max(0, target - rows_now)})
         cursor.execute(_FILL_ATTEMPTS, {"after": after})
+        cursor.execute(_FILL_DEPENDENCIES, {"after": after})
     conn.commit()
     conn.autocommit = True
     conn.execute("VACUUM ANALYZE django_jobs_job")
