@@ -70,8 +70,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
         rows = Job.objects.filter(pk__in=batch, state__in=["error", "cancelled"])
         budgets = {}
         for pk, task, max_attempts in rows.values_list("pk", "task", "max_attempts"):
-            found = registry.find(task)
-            budgets[pk] = found.effective_max_attempts if found else max_attempts
+            budgets[pk] = registry.max_attempts_for(task, max_attempts)
         return transitions.retry_many(cursor, budgets) if budgets else []
 
     return _apply(queryset, change)

@@ -204,8 +204,7 @@ class Job(models.Model):
         from django_jobs import transitions
         from django_jobs.registry import registry
 
-        task = registry.find(self.task)
-        budget = task.effective_max_attempts if task is not None else self.max_attempts
+        budget = registry.max_attempts_for(self.task, self.max_attempts)
         with connections[self._state.db or "default"].cursor() as cursor:
             done = transitions.retry(cursor, self.pk, budget)
         self.refresh_from_db()

@@ -72,20 +72,7 @@ class ReapReport:
 
 
 def _retry_delay(job: RunningJob) -> float:
-    task = registry.find(job.task)
-    return task.backoff(job.lease.attempt) if task is not None else conf.retry_backoff()[0]
-
-
-def _log_details(cursor: Any, job_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Queue and run time so far of each job, for the structured fields of the reap log."""
-    if not job_ids:
-        return {}
-    cursor.execute(
-        "SELECT id, queue, round(EXTRACT(EPOCH FROM now() - started_at)::numeric, 3)::float8 "
-        "FROM django_jobs_job WHERE id = ANY(%s)",
-        [job_ids],
-    )
-    return {job_id: {"queue": queue, "duration": ran} for job_id, queue, ran in cursor.fetchall()}
+    return registry.backoff_for(job.task, job.lease.attempt)
 
 
 def end_attempts(
@@ -98,7 +85,6 @@ def end_attempts(
     """Reap each ``(job, outcome, reason, silence)`` in its own statement; report each."""
     actions = []
     grace = conf.timeout_grace()
-    details = _log_details(cursor, [job.lease.job_id for job, *_ in candidates])
     for job, outcome, reason, silence in candidates:
         delay = _retry_delay(job)
         state = None
@@ -136,7 +122,8 @@ def end_attempts(
                 "worker_id": job.lease.worker_id,
                 "outcome": outcome,
                 "state": state or "",
-                **details.get(job.lease.job_id, {}),
+                "queue": job.queue,
+                "duration": None if job.running_for is None else round(job.running_for, 3),
             },
         )
         if emit:

@@ -207,6 +207,19 @@ class Registry:
         """The task registered as ``name``, or None."""
         return self._tasks.get(name)
 
+    def backoff_for(self, name: str, attempt: int) -> float:
+        """Seconds before a job of task ``name`` runs again after attempt ``attempt`` failed.
+        A name not registered here (say, mid rolling deploy) gets the first step of
+        ``JOBS_RETRY_BACKOFF``."""
+        task = self.find(name)
+        return task.backoff(attempt) if task is not None else conf.retry_backoff()[0]
+
+    def max_attempts_for(self, name: str, fallback: int) -> int:
+        """The attempts a retried job of task ``name`` gets: its task's ``max_attempts``, or
+        ``fallback`` (the job's own) for a name not registered here."""
+        task = self.find(name)
+        return task.effective_max_attempts if task is not None else fallback
+
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 

@@ -538,6 +538,7 @@ def reap(
 # cost follows the number of running jobs, not the table's size.
 _REAP_CANDIDATES = """
 SELECT j.id, j.attempt, j.worker_id, j.task, j.max_attempts, j.timeout,
+       j.queue, EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for,
        w.id IS NULL AS unregistered, w.host, w.pid,
        EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_for,
        j.timeout IS NOT NULL
@@ -556,6 +557,8 @@ class RunningJob:
     task: str
     max_attempts: int
     timeout: int | None
+    queue: str
+    running_for: float | None
     unregistered: bool
     host: str | None
     pid: int | None
@@ -567,7 +570,7 @@ def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
     db.execute(cursor, _REAP_CANDIDATES, {"timeout_grace": timeout_grace})
     jobs = []
     for row in cursor.fetchall():
-        job_id, attempt, worker_id, task, max_attempts, timeout, *rest = row
+        job_id, attempt, worker_id, task, max_attempts, timeout, queue, running_for, *rest = row
         unregistered, host, pid, silent_for, overdue = rest
         jobs.append(
             RunningJob(
@@ -575,6 +578,8 @@ def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
                 task=task,
                 max_attempts=max_attempts,
                 timeout=timeout,
+                queue=queue,
+                running_for=running_for,
                 unregistered=unregistered,
                 host=host,
                 pid=pid,

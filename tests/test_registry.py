@@ -77,3 +77,13 @@ def test_backoff_grows_exponentially_within_jitter_and_cap() -> None:
     for attempt, ceiling in [(1, 2.0), (2, 4.0), (3, 8.0), (4, 10.0), (9, 10.0)]:
         delays = [task.backoff(attempt) for _ in range(50)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
+
+
+def test_retry_policy_by_name_falls_back_for_a_task_this_process_does_not_know(settings) -> None:
+    settings.JOBS_RETRY_BACKOFF = (7, 100)
+    assert registry.backoff_for("gone.after.a.deploy", 3) == 7.0
+    assert registry.max_attempts_for("gone.after.a.deploy", 4) == 4
+    # A registered task's own policy: build_report allows two attempts; after a second failure
+    # the delay is 2 * 7 s, jittered over its upper half.
+    assert registry.max_attempts_for(build_report.name, 9) == 2
+    assert 7 <= registry.backoff_for(build_report.name, 2) <= 14

@@ -460,13 +460,10 @@ class Supervisor:
         """Turn an executor's report into the job's finish write (queued in the outbox)."""
         retry_delay = 0.0
         if report.outcome != Outcome.DONE and report.retryable:
-            task = registry.find(job.task)
             if report.retry_after is not None:
                 retry_delay = report.retry_after
-            elif task is not None:
-                retry_delay = task.backoff(job.attempt)
             else:
-                retry_delay = conf.retry_backoff()[0]
+                retry_delay = registry.backoff_for(job.task, job.attempt)
 
         options = {
             "result_json": report.result_json,
