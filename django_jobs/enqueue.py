@@ -63,13 +63,18 @@ def _encode(
     # anything else is walked and checked element by element.
     if not (
         all(type(value) in _FLAT_TYPES for value in args_value)
-        and all(type(value) in _FLAT_TYPES for value in kwargs_value.values())
-        and all(type(key) is str for key in kwargs_value)
+        and (
+            not kwargs_value
+            or (
+                all(type(value) in _FLAT_TYPES for value in kwargs_value.values())
+                and all(type(key) is str for key in kwargs_value)
+            )
+        )
     ):
         args_value = _check_json(args_value, "args")
         kwargs_value = _check_json(kwargs_value, "kwargs")
     args_json = _JSON.encode(args_value)
-    kwargs_json = _JSON.encode(kwargs_value)
+    kwargs_json = _JSON.encode(kwargs_value) if kwargs_value else "{}"
     size = len(args_json) + len(kwargs_json)  # the encoder writes ASCII: characters are bytes
     limit = conf.max_payload_bytes() if limit is None else limit
     if size > limit:
