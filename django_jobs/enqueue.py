@@ -153,24 +153,6 @@ SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
 FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
              AS run_after) r
 """
-_COPY_COLUMNS = (
-    ("id", "int8"),
-    ("task", "text"),
-    ("queue", "text"),
-    ("priority", "int2"),
-    ("state", "text"),
-    ("args", "text"),  # JSON text, which the jsonb column parses
-    ("kwargs", "text"),
-    ("max_attempts", "int4"),
-    ("timeout", "int4"),
-    ("run_after", "timestamptz"),
-    ("created_at", "timestamptz"),
-    ("finished_at", "timestamptz"),
-    ("parent_id", "int8"),
-    ("error", "text"),
-)
-_COPY_MANY = f"COPY django_jobs_job ({', '.join(name for name, _ in _COPY_COLUMNS)}) FROM STDIN"
-
 # The dependencies' states, locked FOR SHARE until the enqueueing transaction ends: a dependency
 # that is finishing right now either committed first (and is seen as done here), or waits for
 # this transaction, so that the settling after it sees the new dependency rows (workflows.py).
@@ -318,21 +300,35 @@ def enqueue_many(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         cursor.execute(_RESERVE_MANY, {**params, "count": len(encoded)})
         ids, run_after, created_at, finished_at, _ = cursor.fetchone()
-        # Every row is the same but for its id and arguments (the order of _COPY_COLUMNS).
-        head = (params["task"], params["queue"], params["priority"], params["state"])
-        tail = (
-            params["max_attempts"],
-            params["timeout"],
-            run_after,
-            created_at,
-            finished_at,
-            params["parent"],
-            params["reason"],
-        )
-        with db.raw_cursor(cursor).copy(_COPY_MANY) as copy:
-            copy.set_types([type_name for _, type_name in _COPY_COLUMNS])
+        # Rows differ only in id and arguments. The columns they share go in only where they
+        # differ from the column's default (NULL, '', or now(), which is the same moment in
+        # this transaction), which spares COPY their parsing.
+        due_now = params["run_at"] is None and not params["delay"]
+        shared = [
+            (name, type_name, value)
+            for name, type_name, value in (
+                ("task", "text", params["task"]),
+                ("queue", "text", params["queue"]),
+                ("priority", "int2", params["priority"]),
+                ("state", "text", params["state"]),
+                ("max_attempts", "int4", params["max_attempts"]),
+                ("created_at", "timestamptz", created_at),
+                ("run_after", "timestamptz", None if due_now else run_after),
+                ("timeout", "int4", params["timeout"]),
+                ("finished_at", "timestamptz", finished_at),
+                ("parent_id", "int8", params["parent"]),
+                ("error", "text", params["reason"] or None),
+            )
+            if value is not None
+        ]
+        columns = [("id", "int8"), ("args", "text"), ("kwargs", "text")]  # JSON text for jsonb
+        columns += [(name, type_name) for name, type_name, _ in shared]
+        values = tuple(value for _, _, value in shared)
+        statement = f"COPY django_jobs_job ({', '.join(name for name, _ in columns)}) FROM STDIN"
+        with db.raw_cursor(cursor).copy(statement) as copy:
+            copy.set_types([type_name for _, type_name in columns])
             for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True):
-                copy.write_row((job_id, *head, args_json, kwargs_json, *tail))
+                copy.write_row((job_id, args_json, kwargs_json, *values))
         if dependency_ids:
             db.execute(cursor, _INSERT_DEPENDENCIES, [ids, dependency_ids])
     row = (ids[0], params["state"], 0, run_after, created_at, finished_at, None)

@@ -12,6 +12,7 @@ from django_jobs.enqueue import enqueue
 from django_jobs.models import Job
 from testproject.examples.jobs import build_report
 from testproject.testjobs.jobs import echo
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -76,6 +77,16 @@ def test_enqueue_many_returns_jobs_equal_to_the_stored_rows() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT run_after - now() FROM django_jobs_job WHERE id = %s", [jobs[0].pk])
         assert cursor.fetchone()[0] == timedelta(minutes=5)
+    # Ready now (run_after left to the column's default), and born cancelled (an upstream job
+    # failed: finished_at and error set): the returned jobs still match the rows.
+    failed = JobFactory(state="error", finished_at=timezone.now(), error="boom")
+    for job in [
+        *echo.enqueue_many([((), {})]),
+        *echo.using(depends_on=[failed]).enqueue_many(calls),
+    ]:
+        stored = Job.objects.get(pk=job.pk)
+        assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+    assert stored.state == "cancelled" and f"#{failed.pk}" in stored.error
     # They are ordinary model instances: they refresh, save and compare like fetched ones.
     jobs[1].priority = 9
     jobs[1].save(update_fields=["priority"])
