@@ -78,6 +78,17 @@ class Server:
             )
 
 
+def ensure_migrated(url: str) -> None:
+    """Create the database of ``url`` if it does not exist, and migrate it (with the settings
+    module of the environment). For the standalone scripts, which keep their database."""
+    parts = urlsplit(url)
+    name = parts.path[1:]
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
 # ---------------------------------------------------------------------------- processes
 
 

@@ -33,8 +33,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        raise SystemExit(
+            f"process {pid} ended before the window did: enqueue more jobs (--jobs)"
+        ) from None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -48,20 +53,6 @@ def children(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
-
-
-def ensure_database() -> None:
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    parts = urlsplit(URL)
-    admin = f"host={parts.hostname} port={parts.port or 5432} user={parts.username} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        name = parts.path[1:]
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
 def backends(application_name_like: str) -> list[int]:
@@ -173,7 +164,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=3.0)
     args = parser.parse_args()
-    ensure_database()
+    from bench.core import ensure_migrated
+
+    ensure_migrated(URL)
     for label, run in (("django-jobs", ours), ("floor", floor)):
         result = run(args.slots, args.jobs, args.warmup, args.window)
         total = sum(result["shares"].values())

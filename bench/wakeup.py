@@ -32,20 +32,6 @@ def setup_django() -> None:
     django.setup()
 
 
-def ensure_database() -> None:
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    parts = urlsplit(URL)
-    admin = f"host={parts.hostname} port={parts.port or 5432} user={parts.username} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        name = parts.path[1:]
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
 def run(listen: bool, rate: float, seconds: float) -> list[float]:
     from django.db import connection, transaction
 
@@ -94,10 +80,11 @@ def run(listen: bool, rate: float, seconds: float) -> list[float]:
 
 
 def summary(label: str, latencies: list[float]) -> str:
-    p = statistics.quantiles(latencies, n=100)
+    from bench.core import percentile  # between closest ranks: never beyond the largest sample
+
     return (
-        f"| {label} | {len(latencies)} | {statistics.median(latencies):.2f} | {p[98]:.2f} |"
-        f" {max(latencies):.2f} |"
+        f"| {label} | {len(latencies)} | {statistics.median(latencies):.2f} |"
+        f" {percentile(latencies, 99):.2f} | {max(latencies):.2f} |"
     )
 
 
@@ -106,7 +93,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="jobs per second (100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration per mode (10)")
     args = parser.parse_args()
-    ensure_database()
+    from bench.core import ensure_migrated
+
+    ensure_migrated(URL)
     setup_django()
     print("| mode | jobs | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|")
