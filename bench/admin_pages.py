@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,13 +72,11 @@ def prepare(rows: int) -> None:
 
     import psycopg
 
+    from bench.core import ensure_migrated
+
     parts = urlsplit(URL)
     base = f"host={parts.hostname} port={parts.port or 5432} user={parts.username}"
-    with psycopg.connect(f"{base} dbname=postgres", autocommit=True) as conn:
-        name = parts.path[1:]
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    ensure_migrated(URL)
     with psycopg.connect(f"{base} dbname={parts.path[1:]}", autocommit=True) as conn:
         have = conn.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
         if have < rows:

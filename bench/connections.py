@@ -42,15 +42,9 @@ def dsn(url: str, dbname: str | None = None) -> str:
 
 
 def prepare() -> None:
-    parts = urlsplit(URL)
-    admin = f"host={parts.hostname} port={parts.port or 5432} user={parts.username} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [parts.path[1:]]
-        ).fetchone():
-            conn.execute(f'CREATE DATABASE "{parts.path[1:]}"')
-    env = {**os.environ, "DATABASE_URL": URL, "DJANGO_SETTINGS_MODULE": "testproject.settings"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    from bench.core import ensure_migrated
+
+    ensure_migrated(URL, "testproject.settings")
 
 
 def measure(processes: int, slots: int, listen: bool, bouncer, pooled: bool) -> dict:

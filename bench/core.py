@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
+from psycopg import conninfo, sql
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -78,15 +78,24 @@ class Server:
             )
 
 
-def ensure_migrated(url: str) -> None:
-    """Create the database of ``url`` if it does not exist, and migrate it (with the settings
-    module of the environment). For the standalone scripts, which keep their database."""
-    parts = urlsplit(url)
-    name = parts.path[1:]
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+def ensure_migrated(url: str, settings_module: str | None = None) -> None:
+    """Create the database of ``url`` if it does not exist, and migrate it, with
+    ``settings_module`` or else the environment's. For the standalone scripts, which keep their
+    database between runs."""
+    info = conninfo.conninfo_to_dict(url)
+    name = info.pop("dbname")
+    with psycopg.connect(conninfo.make_conninfo(**info, dbname="postgres"), autocommit=True) as c:
+        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    env = {**os.environ, "DATABASE_URL": url}
+    if settings_module is not None:
+        env["DJANGO_SETTINGS_MODULE"] = settings_module
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"],
+        check=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 # ---------------------------------------------------------------------------- processes

@@ -26,7 +26,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -224,23 +223,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def prepare(url: str, history: int) -> None:
     """Create and migrate the database, empty the job tables, seed finished history."""
-    import psycopg
-    from psycopg import conninfo, sql
-
-    info = conninfo.conninfo_to_dict(url)
-    name = info.pop("dbname")
-    with psycopg.connect(conninfo.make_conninfo(**info, dbname="postgres"), autocommit=True) as c:
-        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings"}
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"],
-        check=True,
-        cwd=ROOT,
-        env=env,
-    )
     sys.path.insert(0, str(ROOT))
+    from bench.core import ensure_migrated
     from tests.history import fill_history
+
+    ensure_migrated(url, "testproject.settings")
 
     with connect(url) as conn, conn.cursor() as cursor:
         cursor.execute(

@@ -14,9 +14,7 @@ the data.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -34,27 +32,6 @@ VIEWS = [
     "django_jobs_stuck_jobs",
     "django_jobs_recent_failures",
 ]
-
-
-def _ensure_database(url: str) -> None:
-    import psycopg
-    from psycopg import conninfo, sql
-
-    info = conninfo.conninfo_to_dict(url)
-    name = info.pop("dbname")
-    with psycopg.connect(conninfo.make_conninfo(**info, dbname="postgres"), autocommit=True) as c:
-        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def _migrate(url: str) -> None:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings"}
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "migrate", "--verbosity", "0"],
-        check=True,
-        cwd=ROOT,
-        env=env,
-    )
 
 
 def queries() -> list[tuple[str, str]]:
@@ -115,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
 
     sys.path.insert(0, str(ROOT))
+    from bench.core import ensure_migrated
     from tests.history import fill_history
 
-    _ensure_database(args.database_url)
-    _migrate(args.database_url)
+    ensure_migrated(args.database_url, "testproject.settings")
     with psycopg.connect(args.database_url, autocommit=True) as conn, conn.cursor() as cursor:
         count = cursor.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
         if args.refill or count == 0:
