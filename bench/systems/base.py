@@ -10,6 +10,7 @@ finished, and how many failed.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from typing import Any
 
@@ -171,3 +172,18 @@ def _clone_columns(conn: Any, table: str) -> tuple[list[str], str, str | None]:
     ]
     has_default = default is not None or identity in ("a", "d")
     return columns, key, None if has_default else "gen_random_uuid()"
+
+
+def helper_parser(prog: str) -> tuple[argparse.ArgumentParser, Any]:
+    """The command line every system's helper process answers (``System.helper`` runs it):
+    ``install``, ``enqueue-one`` and ``enqueue-bench``. A system adds its own commands (its
+    ``worker``) to the subparsers returned with the parser."""
+    parser = argparse.ArgumentParser(prog=prog)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install")
+    one = sub.add_parser("enqueue-one")
+    one.add_argument("--seconds", type=float, default=0.0)
+    bench = sub.add_parser("enqueue-bench")
+    bench.add_argument("--single", type=int, required=True)
+    bench.add_argument("--bulk", type=int, required=True)
+    return parser, sub

@@ -12,7 +12,6 @@ For the enqueue benchmark the floor writes raw rows into django-jobs' own table 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ from bench.core import (
     python_env,
     run_json,
 )
-from bench.systems.base import System
+from bench.systems.base import System, helper_parser
 
 SCHEMA = """
 CREATE TABLE floor_job (
@@ -151,16 +150,9 @@ def enqueue_bench(dsn: str, single: int, bulk: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.systems.floor")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install")
-    one = sub.add_parser("enqueue-one")
-    one.add_argument("--seconds", type=float, default=0.0)
+    parser, sub = helper_parser("python -m bench.systems.floor")
     worker = sub.add_parser("worker")
     worker.add_argument("--trace", default=None, help="write a libpq protocol trace here")
-    bench = sub.add_parser("enqueue-bench")
-    bench.add_argument("--single", type=int, required=True)
-    bench.add_argument("--bulk", type=int, required=True)
     args = parser.parse_args(argv)
     dsn = os.environ["DATABASE_URL"]
 

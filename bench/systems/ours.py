@@ -6,13 +6,12 @@ logging (one line per claimed and per finished job, at INFO).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 from bench.core import ROOT, Context, Workload, django_setup, emit, python_env, run_json
-from bench.systems.base import System
+from bench.systems.base import System, helper_parser
 
 
 class Ours(System):
@@ -66,14 +65,7 @@ def enqueue_bench(single: int, bulk: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.systems.ours")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install")
-    one = sub.add_parser("enqueue-one")
-    one.add_argument("--seconds", type=float, default=0.0)
-    bench = sub.add_parser("enqueue-bench")
-    bench.add_argument("--single", type=int, required=True)
-    bench.add_argument("--bulk", type=int, required=True)
+    parser, _ = helper_parser("python -m bench.systems.ours")
     args = parser.parse_args(argv)
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     django_setup()

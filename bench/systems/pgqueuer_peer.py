@@ -18,7 +18,6 @@ aggregation is turned off so that the log rows stay.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -29,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from bench.core import Context, Workload, emit
-from bench.systems.base import System
+from bench.systems.base import System, helper_parser
 
 BATCH_SIZE = 10
 
@@ -116,16 +115,9 @@ def enqueue_bench(dsn: str, single: int, bulk: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.systems.pgqueuer_peer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install")
-    one = sub.add_parser("enqueue-one")
-    one.add_argument("--seconds", type=float, default=0.0)
+    parser, sub = helper_parser("python -m bench.systems.pgqueuer_peer")
     worker = sub.add_parser("worker")
     worker.add_argument("--slots", type=int, default=1)
-    bench = sub.add_parser("enqueue-bench")
-    bench.add_argument("--single", type=int, required=True)
-    bench.add_argument("--bulk", type=int, required=True)
     args = parser.parse_args(argv)
     dsn = os.environ["DATABASE_URL"]
 

@@ -5,7 +5,6 @@ threads. Its worker LISTENs for new jobs and claims one job per statement.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -13,7 +12,7 @@ import time
 from typing import Any
 
 from bench.core import Context, Workload, emit
-from bench.systems.base import System
+from bench.systems.base import System, helper_parser
 
 
 class Procrastinate(System):
@@ -74,16 +73,9 @@ async def work(app: Any, concurrency: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.systems.procrastinate_peer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install")
-    one = sub.add_parser("enqueue-one")
-    one.add_argument("--seconds", type=float, default=0.0)
+    parser, sub = helper_parser("python -m bench.systems.procrastinate_peer")
     worker = sub.add_parser("worker")
     worker.add_argument("--concurrency", type=int, default=1)
-    bench = sub.add_parser("enqueue-bench")
-    bench.add_argument("--single", type=int, required=True)
-    bench.add_argument("--bulk", type=int, required=True)
     args = parser.parse_args(argv)
     app = make_app(os.environ["DATABASE_URL"])
 

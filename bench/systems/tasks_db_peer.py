@@ -5,12 +5,11 @@ It has no bulk enqueue API.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from bench.core import Context, Workload, django_setup, emit, python_env
-from bench.systems.base import System
+from bench.systems.base import System, helper_parser
 
 SETTINGS = "bench.systems.tasks_db_settings"
 
@@ -52,14 +51,7 @@ def enqueue_bench(single: int, bulk: int) -> dict[str, float | None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.systems.tasks_db_peer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install")
-    one = sub.add_parser("enqueue-one")
-    one.add_argument("--seconds", type=float, default=0.0)
-    bench = sub.add_parser("enqueue-bench")
-    bench.add_argument("--single", type=int, required=True)
-    bench.add_argument("--bulk", type=int, required=True)
+    parser, _ = helper_parser("python -m bench.systems.tasks_db_peer")
     args = parser.parse_args(argv)
     django_setup(SETTINGS)
 
