@@ -31,6 +31,7 @@ from bench.core import (
     process_cpu_seconds,
     run_json,
 )
+from bench.systems import floor as floor_system
 from bench.systems.base import System
 from bench.tracing import count, start_trace
 
@@ -225,20 +226,8 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
 # read around each statement: django-jobs' claim and finish on the connection its worker opens
 # (Django's connection parameters), the same on a plain psycopg connection (server-side binding,
 # statements prepared after five runs), and the floor's two statements on django-jobs' table.
-FLOOR_CLAIM_ON_OUR_TABLE = """
-UPDATE django_jobs_job SET state = 'running', worker_id = %s, started_at = now()
-WHERE id = (
-    SELECT id FROM django_jobs_job
-    WHERE state = 'pending' AND run_after <= now()
-    ORDER BY priority DESC, run_after, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id
-"""
-FLOOR_FINISH_ON_OUR_TABLE = (
-    "UPDATE django_jobs_job SET state = 'done', finished_at = now() WHERE id = %s"
-)
+FLOOR_CLAIM_ON_OUR_TABLE = floor_system.CLAIM.replace("floor_job", "django_jobs_job")
+FLOOR_FINISH_ON_OUR_TABLE = floor_system.FINISH.replace("floor_job", "django_jobs_job")
 
 
 def statements_probe(jobs: int) -> list[dict[str, Any]]:
