@@ -49,15 +49,11 @@ def _check_json(value: Any, path: str) -> Any:
     )
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-    """Check and encode a call's arguments; raise :class:`InvalidPayload` if they don't fit."""
-    return _encode(args, kwargs)[:2]
-
-
 def _encode(
     args: Sequence[Any], kwargs: Mapping[str, Any], limit: int | None = None
 ) -> tuple[str, str, list, dict]:
-    """The call's arguments as JSON text, and as the plain values that text decodes to."""
+    """Check a call's arguments and return them as JSON text, and as the plain values that text
+    decodes to; raise :class:`InvalidPayload` if they don't fit."""
     args_value, kwargs_value = list(args), dict(kwargs)
     # Flat arguments of exactly str, int, bool and None (the common case) are JSON as they are;
     # anything else is walked and checked element by element.
