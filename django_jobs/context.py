@@ -17,21 +17,30 @@ class JobContext:
     attempt: int
     max_attempts: int
     worker_id: str
+    #: The token of the claim this run belongs to (see transitions.Lease).
+    lease: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
     def is_cancelled(self) -> bool:
-        """True once cancellation of this job was requested; long jobs may check it between steps
-        and return early. The worker also stops the job by itself within a heartbeat interval."""
+        """True once cancellation of this job was requested, or once this run lost its lease (the
+        job was reaped, re-claimed or deleted: another run owns it now, or none should). Long jobs
+        may check it between steps and return early; the worker also stops the job by itself
+        within a heartbeat interval."""
         with connections[conf.database_alias()].cursor() as cursor:
             cursor.execute(
-                "SELECT cancel_requested OR state = 'cancelled' FROM django_jobs_job WHERE id = %s",
-                [self.job_id],
+                "SELECT cancel_requested OR state = 'cancelled'"
+                " OR (%(lease)s::uuid IS NOT NULL"
+                "     AND (state <> 'running' OR lease IS DISTINCT FROM %(lease)s::uuid))"
+                " FROM django_jobs_job WHERE id = %(id)s",
+                {"id": self.job_id, "lease": self.lease},
             )
             row = cursor.fetchone()
-        return bool(row and row[0])
+        if row is None:
+            return self.lease is not None  # deleted under a running job
+        return bool(row[0])
 
     def spawn(self, task: Any, *args: Any, **kwargs: Any) -> Any:
         """Enqueue a child job of this job (``task`` is a ``@job`` function or its name).

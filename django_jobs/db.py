@@ -1,11 +1,24 @@
-"""How the job system runs its own statements: with bounded lock and statement waits.
+"""How the job system runs its own statements: bounded waits, durable commits, one round trip.
 
 A statement that runs as its own transaction (the connection is idle, in autocommit) is sent
-together with ``SET LOCAL lock_timeout`` and ``SET LOCAL statement_timeout`` (and ``jit = off``)
-in one simple-query message, which PostgreSQL runs as a single implicit transaction: one round
-trip, no session state left behind (so it works through pgbouncer in transaction-pooling mode),
-and a claim or finish can never hang behind a stuck lock. Inside a caller's transaction the
-statement runs as it is, so the caller's settings are not changed behind its back.
+together with one ``SELECT set_config(...)`` in a single simple-query message, which PostgreSQL
+runs as a single implicit transaction: one round trip, no session state left behind (so it works
+through pgbouncer in transaction-pooling mode). The settings are local to that transaction:
+
+- ``lock_timeout`` and ``statement_timeout``: a claim or finish never hangs behind a stuck lock;
+- ``jit = off``: compiling one of these short statements costs more than it could save;
+- ``synchronous_commit``: raised to ``on`` where the server, database or role has it ``off`` or
+  ``local``. A claim or finish that the worker was told had committed must survive a server
+  crash or a failover to a synchronous standby: a lost claim would let a second executor run a
+  job that is still running, and a lost finish would rerun or fail a job that had ended.
+  ``remote_write`` and ``remote_apply`` are left as the operator set them.
+
+The statements are bound client-side here even when Django's connection binds server-side
+(``OPTIONS["server_side_binding"]``): a server-side binding cursor cannot send several statements
+in one message, and would lose the settings and the single transaction.
+
+Inside a caller's transaction the statement runs as it is, so the caller's settings are not
+changed behind its back.
 """
 
 from __future__ import annotations
@@ -31,33 +44,39 @@ def raw_cursor(cursor: Any) -> Any:
     return getattr(cursor, "cursor", cursor)
 
 
-def execute(cursor: Any, sql: str, params: Any = None, *, durable: bool = True) -> None:
-    """Execute ``sql`` with bounded waits when it is its own transaction (see above).
+def _own_transaction(raw: Any) -> bool:
+    return bool(raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
-    ``durable=False`` lets its commit return before the WAL reaches disk (``SET LOCAL
-    synchronous_commit = off``), for a write whose loss in a server crash is harmless.
-    """
+
+def _client_side(cursor: Any, raw: Any) -> Any:
+    """``cursor`` if it binds client-side, else a client-side cursor on the same connection."""
+    if isinstance(raw, psycopg.ClientCursor):
+        return cursor
+    return psycopg.ClientCursor(raw.connection)
+
+
+def execute(cursor: Any, sql: str, params: Any = None) -> Any:
+    """Execute ``sql`` with bounded waits and a durable commit when it is its own transaction
+    (see above); return the cursor that holds its rows (``cursor``, or one on its connection)."""
     raw = raw_cursor(cursor)
-    idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    if not (idle and isinstance(raw, psycopg.ClientCursor)):
+    if not _own_transaction(raw):
         cursor.execute(sql, params)
-        return
-    cursor.execute("".join(f"{setting}; " for setting in _settings(durable)) + sql, params)
-    while raw.nextset():  # step past the SETs to the statement's own result
-        pass
+        return cursor
+    sender = _client_side(cursor, raw)
+    sender.execute(_settings_statement() + "; " + sql, params)
+    raw_cursor(sender).nextset()  # step past the settings to the statement's own result
+    return sender
 
 
-def _settings(durable: bool) -> list[str]:
-    settings = [
-        f"SET LOCAL lock_timeout = {conf.lock_timeout_ms():d}",
-        f"SET LOCAL statement_timeout = {conf.statement_timeout_ms():d}",
-        # The job system's statements are short: compiling one costs more than it could save
-        # (a misestimated reaper query once spent 250 ms of a 300 ms run compiling).
-        "SET LOCAL jit = off",
-    ]
-    if not durable:
-        settings.append("SET LOCAL synchronous_commit = off")
-    return settings
+def _settings_statement() -> str:
+    return (
+        "SELECT "
+        f"set_config('lock_timeout', '{conf.lock_timeout_ms():d}', true), "
+        f"set_config('statement_timeout', '{conf.statement_timeout_ms():d}', true), "
+        "set_config('jit', 'off', true), "
+        "CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
+        " THEN set_config('synchronous_commit', 'on', true) END"
+    )
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -68,28 +87,28 @@ def is_timeout(exc: BaseException) -> bool:
     return False
 
 
-def execute_together(
-    cursor: Any, statements: Sequence[tuple[str, Any]], *, durable: bool = True
-) -> list[list[Any]]:
+def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     """Run several statements as one transaction in one round trip; return each one's rows.
 
-    Like :func:`execute`, with bounded waits (and ``durable``), when the connection is idle and
-    binds client-side (the statements are bound here and sent as one simple-query message, which
-    PostgreSQL runs as a single implicit transaction). Otherwise they run one after the other.
+    Like :func:`execute`, with bounded waits and a durable commit, when the connection is idle:
+    the statements are bound here and sent as one simple-query message, which PostgreSQL runs as
+    a single implicit transaction. Inside a caller's transaction they run one after the other.
     """
     raw = raw_cursor(cursor)
-    idle = raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    if not (idle and isinstance(raw, psycopg.ClientCursor)):
+    if not _own_transaction(raw):
         results = []
         for sql, params in statements:
             cursor.execute(sql, params)
             results.append(cursor.fetchall())
         return results
-    parts = [*_settings(durable), *(raw.mogrify(sql, params) for sql, params in statements)]
-    cursor.execute("; ".join(parts))
+    sender = _client_side(cursor, raw)
+    driver = raw_cursor(sender)
+    parts = [_settings_statement(), *(driver.mogrify(sql, params) for sql, params in statements)]
+    sender.execute("; ".join(parts))
     results = []
-    while True:
-        if raw.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:  # not a SET's result
-            results.append(raw.fetchall())
-        if not raw.nextset():
-            return results
+    while driver.nextset():  # the first result is the settings'
+        results.append(driver.fetchall() if driver.pgresult.status == _TUPLES_OK else [])
+    return results
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK

@@ -175,8 +175,7 @@ def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
     """The state a new job starts in, given its dependencies; and the reason if cancelled."""
     if not dependency_ids:
         return State.PENDING.value, ""
-    db.execute(cursor, _LOCK_DEPENDENCIES, [dependency_ids])
-    found = cursor.fetchall()
+    found = db.execute(cursor, _LOCK_DEPENDENCIES, [dependency_ids]).fetchall()
     missing = sorted(set(dependency_ids) - {row[0] for row in found})
     if missing:
         raise DependencyError(
@@ -262,16 +261,14 @@ def enqueue(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         params.update(args=args_json, kwargs=kwargs_json)
         while True:
-            db.execute(cursor, _INSERT_ONE, params)
-            row = cursor.fetchone()
+            row = db.execute(cursor, _INSERT_ONE, params).fetchone()
             if row is not None:
                 if dependency_ids:
                     db.execute(cursor, _INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
                 return _build(params, args_value, kwargs_value, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
-            db.execute(cursor, _FIND_ACTIVE_UNIQUE, [task.unique_key])
-            existing = cursor.fetchone()
+            existing = db.execute(cursor, _FIND_ACTIVE_UNIQUE, [task.unique_key]).fetchone()
             if existing is not None:
                 return Job.objects.using(alias).get(pk=existing[0])
 

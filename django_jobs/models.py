@@ -55,6 +55,13 @@ class Job(models.Model):
     )
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
+    lease = models.UUIDField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Random token of the latest claim; every later write of that run is fenced on "
+        "it. A server crash cannot roll it back into a value that is handed out again.",
+    )
 
     class Meta:
         db_table = "django_jobs_job"
@@ -255,6 +262,7 @@ class Attempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices, db_default=Outcome.RUNNING)
     error = models.TextField(db_default="", blank=True)
     traceback = models.TextField(db_default="", blank=True)
+    lease = models.UUIDField(null=True, blank=True, editable=False, help_text="The claim's token.")
 
     class Meta:
         db_table = "django_jobs_attempt"

@@ -15,7 +15,7 @@ class State(models.TextChoices):
     WAITING = "waiting", "Waiting"
     #: Ready to be claimed once ``run_after`` has passed.
     PENDING = "pending", "Pending"
-    #: Claimed by a worker; ``worker_id`` and ``attempt`` identify the lease.
+    #: Claimed by a worker; ``lease`` (a random token per claim) identifies the run.
     RUNNING = "running", "Running"
     DONE = "done", "Done"
     ERROR = "error", "Error"
@@ -35,7 +35,8 @@ class Outcome(models.TextChoices):
     #: The process running the job died (os._exit, segfault, OOM kill).
     CRASHED = "crashed", "Crashed"
     CANCELLED = "cancelled", "Cancelled"
-    #: Handed back unfinished at shutdown; did not use up an attempt.
+    #: Handed back unfinished (at shutdown, or a claim whose reply never reached its worker);
+    #: did not use up an attempt.
     RELEASED = "released", "Released"
 
 

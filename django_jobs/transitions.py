@@ -1,10 +1,13 @@
 """The hot SQL: claim, finish, release, heartbeat, cancel.
 
 Each function runs one statement, which PostgreSQL runs as one short transaction when the
-connection is in autocommit mode; the statement locks at most one job row, for milliseconds.
-Every write to a claimed job is *fenced*: it matches ``state = 'running'`` together with the
-attempt number and worker id of the claim, so a worker whose job was reaped and re-run cannot
-overwrite the new run. A fenced write that matches no row means "lease lost": callers log it.
+connection is in autocommit mode; the statement locks at most one job row, for milliseconds, and
+commits durably (see db.py). Every write to a claimed job is *fenced*: it matches
+``state = 'running'`` together with the claim's *lease*, a random token that the claim stores on
+the job and its attempt row, so a worker whose job was reaped and re-run cannot overwrite the new
+run. Attempt numbers alone would not do: a server crash that lost a claim would hand the same
+number out again, while a token is never handed out twice. A fenced write that matches no row
+means "lease lost": callers log it.
 
 Functions take a DB-API cursor (a Django cursor or a psycopg one), so the worker can use its own
 connection and the admin or the reaper can use Django's.
@@ -30,6 +33,17 @@ class Lease:
     job_id: int
     attempt: int
     worker_id: str
+    #: The claim's random token (``None`` only for rows claimed before tokens existed).
+    token: str | None
+
+
+def _lease_params(lease: Lease) -> dict[str, Any]:
+    return {
+        "job_id": lease.job_id,
+        "attempt": lease.attempt,
+        "worker_id": lease.worker_id,
+        "lease": lease.token,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +68,15 @@ class ClaimedJob:
 
 
 # Claim: pick the first ready pending job in (priority DESC, run_after, id) order, lock it with
-# SKIP LOCKED so concurrent workers pass over each other, mark it running and count the attempt,
-# and open its Attempt row: one statement, one round trip.
+# SKIP LOCKED so concurrent workers pass over each other, mark it running, count the attempt and
+# draw a new lease token, and open its Attempt row: one statement, one round trip.
 # Index: job_claim_idx (any queue) or job_claim_queue_idx (one queue); both are partial on
 # state = 'pending', so finished jobs cost nothing however many there are.
 _CLAIM = f"""
 WITH claimed AS (
     UPDATE {JOB} SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
-                     started_at = now(), finished_at = NULL, cancel_requested = false
+                     started_at = now(), finished_at = NULL, cancel_requested = false,
+                     lease = gen_random_uuid()
     WHERE id = (
         SELECT id FROM {JOB}
         WHERE state = 'pending' AND run_after <= now() {{queue_filter}}
@@ -70,10 +85,11 @@ WITH claimed AS (
         FOR UPDATE SKIP LOCKED
     ) AND state = 'pending'
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id
+              parent_id, lease
 ), opened AS (
-    INSERT INTO {ATTEMPT} (job_id, number, worker_id, started_at, outcome, error, traceback)
-    SELECT id, attempt, %(worker_id)s, now(), 'running', '', '' FROM claimed
+    INSERT INTO {ATTEMPT} (job_id, number, worker_id, started_at, outcome, error, traceback,
+                           lease)
+    SELECT id, attempt, %(worker_id)s, now(), 'running', '', '', lease FROM claimed
     RETURNING id
 )
 SELECT claimed.*, opened.id FROM claimed, opened
@@ -95,12 +111,22 @@ def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
 def _claimed(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
     if row is None:
         return None
-    job_id, task, queue, args_json, kwargs_json, attempt, max_attempts, timeout, parent_id, aid = (
-        row
-    )
+    (
+        job_id,
+        task,
+        queue,
+        args_json,
+        kwargs_json,
+        attempt,
+        max_attempts,
+        timeout,
+        parent_id,
+        *rest,
+    ) = row
+    token, attempt_id = rest
     return ClaimedJob(
-        lease=Lease(job_id=job_id, attempt=attempt, worker_id=worker_id),
-        attempt_id=aid,
+        lease=Lease(job_id=job_id, attempt=attempt, worker_id=worker_id, token=str(token)),
+        attempt_id=attempt_id,
         task=task,
         queue=queue,
         args_json=args_json,
@@ -118,7 +144,7 @@ def _function_body(source: str) -> str:
 
 
 # The claim runs inside a PL/pgSQL function whose body is the statement above (one branch per
-# queue filter), made by migration 0005 from CLAIM_FUNCTION_BODY. PostgreSQL keeps a function's
+# queue filter), made by migration 0007 from CLAIM_FUNCTION_BODY. PostgreSQL keeps a function's
 # plans for the life of its connection, so a worker does not pay for planning the statement on
 # every job, and nothing is prepared on the protocol, which pgbouncer in transaction mode would
 # break. tests/test_transitions.py checks that the database's function has this body.
@@ -146,11 +172,11 @@ _CALL_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION}(%(worker_id)s::text, %(queues)s::
 
 def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
-    # A claim lost in a server crash only makes the job claimable again (delivery is
-    # at-least-once, and the first run's finish is fenced off), so its commit need not wait
-    # for the disk. A worker's finishes need not either: see heartbeat() for what finds them.
-    db.execute(cursor, _CALL_CLAIM, _claim_params(worker_id, queues), durable=False)
-    return _claimed(worker_id, cursor.fetchone())
+    # The commit is durable: a claim that a server crash lost would make a job that is running
+    # claimable again, and a second executor would run it at the same time as the first.
+    return _claimed(
+        worker_id, db.execute(cursor, _CALL_CLAIM, _claim_params(worker_id, queues)).fetchone()
+    )
 
 
 def _claim_params(worker_id: str, queues: Sequence[str] | None) -> dict[str, Any]:
@@ -166,7 +192,7 @@ def _claim_params(worker_id: str, queues: Sequence[str] | None) -> dict[str, Any
 #   remain and the failure is retryable;
 # - error otherwise.
 # It also says whether the job has a parent or dependents, which then need settling.
-# Index: the job's primary key; job_parent_id for active children; attempt_job_number_idx.
+# Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx.
 _END_ATTEMPT = f"""
 WITH target AS (
     SELECT id, attempt,
@@ -182,7 +208,7 @@ WITH target AS (
            END AS new_state
     FROM {JOB} j
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
-      AND worker_id = %(worker_id)s {{condition}}
+      AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid {{condition}}
     FOR UPDATE {{skip_locked}}
 ), job AS (
     UPDATE {JOB} j
@@ -202,7 +228,7 @@ WITH target AS (
     SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
     FROM target t
     WHERE a.job_id = t.id AND a.number = t.attempt AND a.worker_id = %(worker_id)s
-      AND a.outcome = 'running'
+      AND a.lease IS NOT DISTINCT FROM %(lease)s::uuid AND a.outcome = 'running'
 )
 SELECT state, parent_id,
        EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id)
@@ -211,13 +237,14 @@ FROM job
 _FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
 
 # Like the claim, the worker's finish runs inside a PL/pgSQL function whose body is _FINISH
-# (migration 0005), so that its plan is kept. The reaper, which is not on the hot path, runs
+# (migration 0007), so that its plan is kept. The reaper, which is not on the hot path, runs
 # _REAP below as a statement.
 FINISH_FUNCTION = "django_jobs_finish"
 _FINISH_PARAMETERS = (
     "job_id",
     "attempt",
     "worker_id",
+    "lease",
     "outcome",
     "result",
     "error",
@@ -235,7 +262,7 @@ END
 )
 _CALL_FINISH = (
     f"SELECT * FROM {FINISH_FUNCTION}(%(job_id)s::bigint, %(attempt)s::integer,"
-    " %(worker_id)s::text, %(outcome)s::text, %(result)s::text, %(error)s::text,"
+    " %(worker_id)s::text, %(lease)s::uuid, %(outcome)s::text, %(result)s::text, %(error)s::text,"
     " %(traceback)s::text, %(retryable)s::boolean, %(retry_delay)s::float8)"
 )
 
@@ -281,9 +308,7 @@ def _end_params(
     if outcome not in _ENDING_OUTCOMES:
         raise ValueError(f"an attempt cannot end as {outcome!r}")
     return {
-        "job_id": lease.job_id,
-        "attempt": lease.attempt,
-        "worker_id": lease.worker_id,
+        **_lease_params(lease),
         "outcome": outcome,
         "result": result_json if outcome == Outcome.DONE else None,
         "error": error,
@@ -303,15 +328,13 @@ def finish(
     traceback: str = "",
     retryable: bool = True,
     retry_delay: float = 0.0,
-    durable: bool = True,
 ) -> Ended | None:
     """End the attempt of ``lease`` with ``outcome``; say where the job went.
 
-    Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed).
-    ``durable=False`` lets the commit return before it reaches the disk: for a worker, whose
-    heartbeat finds a finish that a server crash lost (see ``heartbeat``).
+    Returns ``None`` if the lease was lost (the job was reaped, cancelled or re-claimed), or if
+    this very write had already committed (see :func:`attempt_outcome`).
     """
-    db.execute(
+    result = db.execute(
         cursor,
         _CALL_FINISH,
         _end_params(
@@ -323,9 +346,8 @@ def finish(
             retryable=retryable,
             retry_delay=retry_delay,
         ),
-        durable=durable,
     )
-    return _ended(lease.job_id, cursor.fetchone())
+    return _ended(lease.job_id, result.fetchone())
 
 
 def finish_and_claim(
@@ -333,8 +355,6 @@ def finish_and_claim(
     lease: Lease,
     outcome: str,
     queues: Sequence[str] | None,
-    *,
-    durable: bool = True,
     **finish_options: Any,
 ) -> tuple[Ended | None, ClaimedJob | None]:
     """:func:`finish`, then :func:`claim` the next job for the same worker, as one transaction
@@ -345,7 +365,6 @@ def finish_and_claim(
             (_CALL_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
             (_CALL_CLAIM, _claim_params(lease.worker_id, queues)),
         ],
-        durable=durable,
     )
     return (
         _ended(lease.job_id, finished[0] if finished else None),
@@ -364,29 +383,46 @@ def _finish_defaults(options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# Release: hand an unfinished job back at shutdown. The attempt is given back too, since the job
-# did not fail; the Attempt row stays, marked released.
+# Release: hand an unfinished job back, at shutdown or when its worker finds it never got the
+# claim's reply (an orphan, see heartbeat()). The attempt is given back too, since the job did
+# not fail; the Attempt row stays, marked released. Index: the primary key;
+# attempt_job_number_idx.
 _RELEASE = f"""
 WITH job AS (
     UPDATE {JOB}
     SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now()
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
-      AND worker_id = %(worker_id)s
+      AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
     RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
 ), closed AS (
-    UPDATE {ATTEMPT} SET finished_at = now(), outcome = 'released',
-                         error = 'released at worker shutdown'
+    UPDATE {ATTEMPT} SET finished_at = now(), outcome = 'released', error = %(reason)s
     WHERE job_id = %(job_id)s AND number = %(attempt)s AND worker_id = %(worker_id)s
-      AND outcome = 'running' AND EXISTS (SELECT 1 FROM job)
+      AND lease IS NOT DISTINCT FROM %(lease)s::uuid AND outcome = 'running'
+      AND EXISTS (SELECT 1 FROM job)
 )
 SELECT id FROM job
 """
 
 
-def release(cursor: Any, lease: Lease) -> bool:
+def release(cursor: Any, lease: Lease, reason: str = "released at worker shutdown") -> bool:
     """Put a running job back to pending without using up an attempt. False if lease lost."""
-    db.execute(cursor, _RELEASE, dataclasses.asdict(lease))
-    return cursor.fetchone() is not None
+    params = {**_lease_params(lease), "reason": reason}
+    return db.execute(cursor, _RELEASE, params).fetchone() is not None
+
+
+# What became of one claim's attempt: its outcome (``running`` while it runs), or ``None`` if
+# no attempt row carries that lease. A worker asks when a write it retried after a broken
+# connection matched nothing: if the first try had committed, the outcome is the one it wrote.
+# Index: attempt_job_number_idx (its leading column, job_id).
+_ATTEMPT_OUTCOME = f"""
+SELECT outcome FROM {ATTEMPT} WHERE job_id = %(job_id)s AND lease = %(lease)s::uuid
+"""
+
+
+def attempt_outcome(cursor: Any, lease: Lease) -> str | None:
+    """The outcome recorded for ``lease``'s attempt (see above)."""
+    row = db.execute(cursor, _ATTEMPT_OUTCOME, _lease_params(lease)).fetchone()
+    return None if row is None else str(row[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,11 +439,13 @@ class WorkerInfo:
 # the same round trip, read back the jobs this worker believes it runs: whether it still holds
 # each lease, and whether cancellation was requested. Only the small worker table is written, so
 # job rows are not churned by heartbeats.
+# Each lease is checked by its token, so a lease that a crash rolled back and a later claim of
+# the same job (by this very worker, even) are told apart.
 # It also lists *orphans*: jobs running under this worker's id that the worker does not know
-# of. A worker's finishes and claims commit without waiting for the disk, so a server crash can
-# undo the last ones: a finished job is then running again in the table, under a worker that is
-# alive and will never finish it. So can a claim whose reply was lost with the connection. The
-# worker ends such attempts as lost (reaper.end_attempts), and the jobs run again.
+# of, with their leases. A claim whose reply was lost with the connection leaves one: the worker
+# releases it without counting the attempt. So does a finish that committed and was lost again
+# (a failover to a standby that had not received it): the worker still has that finish in memory
+# and writes it again (see worker/supervisor.py).
 # Index: the worker table's primary key; the job table's primary key for the listed ids;
 # job_running_worker_idx for the orphans.
 _HEARTBEAT = f"""
@@ -419,14 +457,16 @@ WITH beat AS (
     RETURNING id
 )
 SELECT j.id,
-       j.state = 'running' AND j.worker_id = %(id)s AND j.attempt = l.attempt AS held,
+       j.state = 'running' AND j.worker_id = %(id)s AND j.lease = l.lease AS held,
        j.cancel_requested,
-       false AS orphan
-FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS l(id, attempt)
+       false AS orphan,
+       l.lease::text,
+       j.attempt
+FROM unnest(%(job_ids)s::bigint[], %(leases)s::uuid[]) AS l(id, lease)
 JOIN {JOB} j ON j.id = l.id
 WHERE EXISTS (SELECT 1 FROM beat)
 UNION ALL
-SELECT o.id, false, o.cancel_requested, true
+SELECT o.id, false, o.cancel_requested, true, o.lease::text, o.attempt
 FROM {JOB} o
 WHERE o.state = 'running' AND o.worker_id = %(id)s AND o.id <> ALL(%(known_ids)s::bigint[])
   AND EXISTS (SELECT 1 FROM beat)
@@ -442,11 +482,11 @@ class LeaseStatus:
 
 @dataclasses.dataclass(frozen=True)
 class Beat:
-    """What a heartbeat read back: the status of each lease (a missing id: the job was
-    deleted), and the ids of the worker's orphans."""
+    """What a heartbeat read back: the status of each lease, by token (a missing token: the
+    job was deleted), and the leases of the worker's orphans."""
 
-    leases: dict[int, LeaseStatus]
-    orphans: list[int]
+    leases: dict[str, LeaseStatus]
+    orphans: list[Lease]
 
 
 def heartbeat(
@@ -458,23 +498,23 @@ def heartbeat(
     import json
 
     job_ids = [lease.job_id for lease in leases]
-    db.execute(
+    rows = db.execute(
         cursor,
         _HEARTBEAT,
         {
             **dataclasses.asdict(worker),
             "queues": json.dumps(worker.queues),
             "job_ids": job_ids,
-            "attempts": [lease.attempt for lease in leases],
+            "leases": [lease.token for lease in leases],
             "known_ids": [*job_ids, *unwritten],
         },
-    )
+    ).fetchall()
     statuses, orphans = {}, []
-    for job_id, held, cancel, orphan in cursor.fetchall():
+    for job_id, held, cancel, orphan, token, attempt in rows:
         if orphan:
-            orphans.append(job_id)
+            orphans.append(Lease(job_id, attempt, worker.id, token))
         else:
-            statuses[job_id] = LeaseStatus(job_id, bool(held), bool(cancel))
+            statuses[token] = LeaseStatus(job_id, bool(held), bool(cancel))
     return Beat(statuses, orphans)
 
 
@@ -529,15 +569,14 @@ def reap(
         retry_delay=retry_delay,
     )
     params.update(silence=silence, timeout_grace=timeout_grace)
-    db.execute(cursor, _REAP, params)
-    return _ended(lease.job_id, cursor.fetchone())
+    return _ended(lease.job_id, db.execute(cursor, _REAP, params).fetchone())
 
 
 # Candidates for the reaper: running jobs whose worker has no fresh heartbeat, or that overran
 # their timeout plus a grace period. Index: job_running_worker_idx (partial on running), so the
 # cost follows the number of running jobs, not the table's size.
 _REAP_CANDIDATES = """
-SELECT j.id, j.attempt, j.worker_id, j.task, j.max_attempts, j.timeout,
+SELECT j.id, j.attempt, j.worker_id, j.lease::text, j.task, j.max_attempts, j.timeout,
        j.queue, EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for,
        w.id IS NULL AS unregistered, w.host, w.pid,
        EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_for,
@@ -567,14 +606,14 @@ class RunningJob:
 
 
 def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
-    db.execute(cursor, _REAP_CANDIDATES, {"timeout_grace": timeout_grace})
+    rows = db.execute(cursor, _REAP_CANDIDATES, {"timeout_grace": timeout_grace}).fetchall()
     jobs = []
-    for row in cursor.fetchall():
-        job_id, attempt, worker_id, task, max_attempts, timeout, queue, running_for, *rest = row
-        unregistered, host, pid, silent_for, overdue = rest
+    for row in rows:
+        job_id, attempt, worker_id, token, task, max_attempts, timeout, queue, *rest = row
+        running_for, unregistered, host, pid, silent_for, overdue = rest
         jobs.append(
             RunningJob(
-                lease=Lease(job_id, attempt, worker_id),
+                lease=Lease(job_id, attempt, worker_id, token),
                 task=task,
                 max_attempts=max_attempts,
                 timeout=timeout,
@@ -616,8 +655,8 @@ class Cancelled:
 
 def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> list[Cancelled]:
     """Cancel jobs (see above); returns one entry per job changed. Finished jobs are skipped."""
-    db.execute(cursor, _CANCEL_MANY, {"ids": list(ids), "reason": reason})
-    return [Cancelled(job_id, state, linked) for job_id, state, linked in cursor.fetchall()]
+    rows = db.execute(cursor, _CANCEL_MANY, {"ids": list(ids), "reason": reason}).fetchall()
+    return [Cancelled(job_id, state, linked) for job_id, state, linked in rows]
 
 
 def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
@@ -677,8 +716,8 @@ RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
 
 def retry_many(cursor: Any, budgets: dict[int, int]) -> list[int]:
     """:func:`retry` for many jobs (id -> attempt budget); returns the ids requeued."""
-    db.execute(cursor, _RETRY_MANY, {"ids": list(budgets), "budgets": list(budgets.values())})
-    return [row[0] for row in cursor.fetchall()]
+    params = {"ids": list(budgets), "budgets": list(budgets.values())}
+    return [row[0] for row in db.execute(cursor, _RETRY_MANY, params).fetchall()]
 
 
 # Run now: a pending job scheduled for later becomes ready at once. Index: the primary key.
@@ -691,5 +730,4 @@ RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
     """:func:`run_now` for many jobs; returns the ids made ready."""
-    db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)})
-    return [row[0] for row in cursor.fetchall()]
+    return [row[0] for row in db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)}).fetchall()]

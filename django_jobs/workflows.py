@@ -108,14 +108,14 @@ RETURNING p.state
 
 
 def _job(cursor: Any, job_id: int) -> tuple[str, int | None, int, str] | None:
-    db.execute(cursor, f"SELECT state, parent_id, attempt, task FROM {JOB} WHERE id = %s", [job_id])
-    return cursor.fetchone()
+    return db.execute(
+        cursor, f"SELECT state, parent_id, attempt, task FROM {JOB} WHERE id = %s", [job_id]
+    ).fetchone()
 
 
 def finalize_parent(cursor: Any, job_id: int) -> str | None:
     """Finalize ``job_id`` if it waits for children and none is active; return its new state."""
-    db.execute(cursor, _FINALIZE_PARENT, {"job_id": job_id})
-    row = cursor.fetchone()
+    row = db.execute(cursor, _FINALIZE_PARENT, {"job_id": job_id}).fetchone()
     if row is not None:
         logger.info(
             "job %d finalized %s: its children have finished",
@@ -130,8 +130,9 @@ def promote_dependents(cursor: Any, job_id: int) -> int:
     """Move waiting dependents of ``job_id`` whose dependencies are all done to pending."""
     promoted, after = 0, 0
     while True:
-        db.execute(cursor, _PROMOTE, {"job_id": job_id, "after": after, "batch": BATCH})
-        last, count = cursor.fetchone()
+        last, count = db.execute(
+            cursor, _PROMOTE, {"job_id": job_id, "after": after, "batch": BATCH}
+        ).fetchone()
         promoted += count
         if last is None:
             return promoted
@@ -147,10 +148,9 @@ def _cascade(cursor: Any, sql: str, job_id: int, reason: str) -> list[tuple[int,
     while frontier:
         current, after = frontier.popleft(), 0
         while True:
-            db.execute(
+            rows = db.execute(
                 cursor, sql, {"job_id": current, "after": after, "batch": BATCH, "reason": reason}
-            )
-            rows = cursor.fetchall()
+            ).fetchall()
             for _, changed_id, parent_id in rows[1:]:
                 changed.append((changed_id, parent_id))
                 frontier.append(changed_id)
@@ -267,8 +267,7 @@ LIMIT %(limit)s
 def repair(cursor: Any, limit: int = 1000) -> list[int]:
     """Settle waiting jobs that have nothing left to wait for (after a crash between a job's end
     and the settling that should have followed it). Returns the ids it looked at."""
-    db.execute(cursor, _UNSETTLED, {"limit": limit})
-    stuck = [row[0] for row in cursor.fetchall()]
+    stuck = [row[0] for row in db.execute(cursor, _UNSETTLED, {"limit": limit}).fetchall()]
     for job_id in stuck:
         row = _job(cursor, job_id)
         if row is None or row[0] != "waiting":
@@ -277,7 +276,8 @@ def repair(cursor: Any, limit: int = 1000) -> list[int]:
             settle(cursor, job_id)
             continue
         # A dependency-waiting job: settle the dependencies, which promotes or cancels it.
-        db.execute(cursor, f"SELECT depends_on_id FROM {DEP} WHERE job_id = %s", [job_id])
-        for (upstream,) in cursor.fetchall():
+        for (upstream,) in db.execute(
+            cursor, f"SELECT depends_on_id FROM {DEP} WHERE job_id = %s", [job_id]
+        ).fetchall():
             settle(cursor, upstream)
     return stuck

@@ -10,8 +10,10 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 from django.test.utils import override_settings
 
+from django_jobs import transitions
 from django_jobs.liveness import HeartbeatLiveness
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.reaper import reap
@@ -28,7 +30,7 @@ from testproject.testjobs.jobs import (
 )
 from testproject.testjobs.models import Execution
 from tests.conftest import wait_for
-from tests.factories import AttemptFactory, JobFactory, WorkerFactory
+from tests.factories import JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -337,26 +339,30 @@ def test_a_worker_that_cannot_heartbeat_stops_claiming() -> None:
         supervisor.db.close()
 
 
-def test_a_job_running_under_a_live_worker_that_does_not_run_it_is_ended_at_its_heartbeat(
+def test_a_claim_whose_reply_never_reached_the_worker_is_released_without_using_an_attempt(
     start_worker,
 ) -> None:
-    # What a finish lost in a database crash leaves behind (a worker's finishes commit without
-    # waiting for the disk): the job is running in the table, under a worker that is alive and
-    # has moved on. Its next heartbeat finds it, and the job runs again.
+    # A claim that committed but whose reply was lost with the connection: the job is running
+    # in the table, under a worker that is alive and never heard of it. Its next heartbeat finds
+    # it and hands it back without counting the attempt, so even a last attempt is not failed.
     worker = start_worker(env=FAST)
     worker_id = wait_for(lambda: Worker.objects.values_list("id", flat=True).first())
     busy = record.enqueue(note="really running", seconds=3)
     wait_for(lambda: running(busy))
-    orphan = JobFactory(claimed=True, worker_id=worker_id, max_attempts=2, task="tests.echo")
-    AttemptFactory(job=orphan, number=1, worker_id=worker_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        orphan = echo.using(max_attempts=1).enqueue("never told")
+        assert transitions.claim(cursor, worker_id, None).id == orphan.pk
 
     wait_for(lambda: Job.objects.get(pk=orphan.pk).state == "done", timeout=20)
-    first, second = Attempt.objects.filter(job=orphan).order_by("number")
-    assert first.outcome == "lost" and "its worker was not running it" in first.error
-    assert second.outcome == "done"
+    orphan.refresh_from_db()
+    assert orphan.attempt == 1 and orphan.result == {"args": ["never told"], "kwargs": {}}
+    released, ran = Attempt.objects.filter(job=orphan).order_by("id")
+    assert (released.number, released.outcome) == (1, "released")
+    assert "never got the claim" in released.error
+    assert (ran.number, ran.outcome) == (1, "done")
     # The job the worker does run is left alone.
     wait_for(lambda: Job.objects.get(pk=busy.pk).state == "done", timeout=20)
     assert Attempt.objects.get(job=busy).outcome == "done"
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
-    assert "are not running here" in worker.output
+    assert "releasing it without counting the attempt" in worker.output

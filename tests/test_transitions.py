@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
+import uuid
 from datetime import timedelta
 
 import psycopg
@@ -129,8 +131,8 @@ def test_finish_stores_the_result_and_closes_the_attempt() -> None:
 def test_finish_is_fenced_on_attempt_and_worker() -> None:
     JobFactory()
     lease = claim().lease
-    stale_attempt = transitions.Lease(lease.job_id, lease.attempt - 1, lease.worker_id)
-    other_worker = transitions.Lease(lease.job_id, lease.attempt, "someone-else:2:bbbbbb")
+    stale_attempt = dataclasses.replace(lease, attempt=lease.attempt - 1)
+    other_worker = dataclasses.replace(lease, worker_id="someone-else:2:bbbbbb")
     assert finish(stale_attempt) is None
     assert finish(other_worker) is None
     job = Job.objects.get(pk=lease.job_id)
@@ -138,6 +140,62 @@ def test_finish_is_fenced_on_attempt_and_worker() -> None:
     assert Attempt.objects.get(job_id=lease.job_id, number=lease.attempt).outcome == "running"
     assert finish(lease) == "done"
     assert finish(lease) is None  # a second finish of the same lease changes nothing
+
+
+def _roll_back_the_claim(lease) -> None:
+    """Undo a claim the way a server crash that lost its commit would."""
+    Attempt.objects.filter(job_id=lease.job_id, number=lease.attempt).delete()
+    Job.objects.filter(pk=lease.job_id).update(
+        state="pending", attempt=lease.attempt - 1, worker_id=None, started_at=None, lease=None
+    )
+
+
+def test_every_claim_draws_a_lease_token_that_a_rolled_back_claim_cannot_repeat() -> None:
+    JobFactory(max_attempts=3)
+    lost = claim().lease
+    _roll_back_the_claim(lost)
+    again = claim().lease
+    # Same job, same attempt number, same worker: only the token tells the two claims apart.
+    assert (again.job_id, again.attempt, again.worker_id) == (lost.job_id, lost.attempt, WORKER)
+    assert again.token != lost.token
+    assert Job.objects.get(pk=again.job_id).lease.hex == again.token.replace("-", "")
+    assert Attempt.objects.get(job_id=again.job_id).lease.hex == again.token.replace("-", "")
+    assert finish(lost) is None
+    with connection.cursor() as cursor:
+        assert not transitions.release(cursor, lost)
+        beat = transitions.heartbeat(cursor, _worker_info(), [lost, again])
+    assert beat.leases[lost.token].held is False
+    assert beat.leases[again.token].held is True
+    assert finish(again) == "done"
+
+
+def test_a_release_is_fenced_on_the_token_and_gives_the_attempt_back() -> None:
+    JobFactory(max_attempts=1)
+    lease = claim().lease
+    with connection.cursor() as cursor:
+        assert not transitions.release(cursor, dataclasses.replace(lease, token=str(uuid.uuid4())))
+        assert transitions.release(cursor, lease, "released: its worker never got the claim")
+        assert transitions.attempt_outcome(cursor, lease) == "released"
+    job = Job.objects.get(pk=lease.job_id)
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
+    assert Attempt.objects.get(job_id=job.pk).error == "released: its worker never got the claim"
+
+
+def test_a_heartbeat_lists_jobs_running_under_the_worker_that_it_does_not_hold() -> None:
+    held, orphan = JobFactory(), JobFactory()
+    first = claim().lease
+    second = claim().lease
+    assert {first.job_id, second.job_id} == {held.pk, orphan.pk}
+    with connection.cursor() as cursor:
+        beat = transitions.heartbeat(cursor, _worker_info(), [first])
+    assert beat.orphans == [second]
+    assert beat.leases[first.token].held
+
+
+def _worker_info() -> transitions.WorkerInfo:
+    return transitions.WorkerInfo(
+        id=WORKER, name="test-worker", host="h", pid=1, queues=[], concurrency=1
+    )
 
 
 def test_failure_with_attempts_left_goes_back_to_pending_after_the_delay() -> None:

@@ -35,6 +35,7 @@ class Assignment:
     worker_id: str
     args_json: str
     kwargs_json: str
+    lease: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,7 @@ def run_assignment(assignment: Assignment) -> Report:
         attempt=assignment.attempt,
         max_attempts=assignment.max_attempts,
         worker_id=assignment.worker_id,
+        lease=assignment.lease,
     )
     try:
         if task.runner is not None:

@@ -7,6 +7,11 @@ executor processes over pipes. No transaction is open and no lock is held while 
 One loop, no threads: wait on the executors' pipes and process sentinels, a signal wake-up
 socket and a timer; then react. Writes that fail because the database is away are kept in an
 outbox and retried with backoff, so a finished job's result survives a database restart.
+
+Every claim and finish commits durably, and every write of a run is fenced on its lease token.
+What a server crash or a lost reply can still leave behind, the heartbeat finds (see
+``_recover_orphans``): a claim whose reply never arrived is released without counting the
+attempt, and a finish that the database lost again is written again from memory.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from django_jobs import conf, db, transitions, workflows
 from django_jobs.reaper import end_attempts
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
-from django_jobs.transitions import ClaimedJob, WorkerInfo
+from django_jobs.transitions import ClaimedJob, Lease, WorkerInfo
 from django_jobs.worker.connection import QueueConnection, is_connection_fatal
 from django_jobs.worker.executor import Assignment, Report, executor_main
 from django_jobs.worker.identity import base_name, name_of, new_worker_id
@@ -62,10 +67,34 @@ class Slot:
     deadline: float | None = None
     stop_reason: str | None = None
     kill_at: float | None = None
+    # A newer claim of the job that this slot's executor still runs under an older lease: it
+    # starts here once that executor has exited, so that the job never runs twice at once.
+    deferred: ClaimedJob | None = None
 
     @property
     def busy(self) -> bool:
-        return self.job is not None
+        return self.job is not None or self.deferred is not None
+
+
+@dataclasses.dataclass
+class Write:
+    """A write to the queue, kept in the outbox until it has committed."""
+
+    description: str
+    # Runs the write on a cursor; may return what to do once it has committed.
+    run: Callable[[Any], Any]
+    # The job it ends, if any: that job is no orphan while the write waits.
+    job_id: int | None = None
+    # A simpler write to make instead if this one keeps failing (not an outage).
+    fallback: Callable[[BaseException | None], Write] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Remembered:
+    """A finish that has committed, kept until a later heartbeat proves it is still there."""
+
+    token: str | None
+    replay: Callable[[], None]
 
 
 @dataclasses.dataclass
@@ -123,13 +152,15 @@ class Supervisor:
         )
         self.stats = WorkerStats()
         self.slots: list[Slot] = []
-        # Writes to make, in order, each with the job it ends; a write may return what to do
-        # once it has committed.
-        self.outbox: collections.deque[tuple[str, Callable[[Any], Any], int | None]] = (
-            collections.deque()
-        )
+        # Writes to make, in order.
+        self.outbox: collections.deque[Write] = collections.deque()
         # Jobs this worker has ended whose write is still in the outbox: not orphans.
         self.unwritten: set[int] = set()
+        # Finishes that committed since the last heartbeat, by job id. If the database loses
+        # one again (a failover to a standby that had not received it), the job shows up as an
+        # orphan at the next heartbeat, and the finish is written again from here.
+        self.remembered: dict[int, Remembered] = {}
+        self.last_db_error: BaseException | None = None
         self.stopping = False
         self.hard_stop = False
         self.grace_deadline: float | None = None
@@ -294,6 +325,25 @@ class Supervisor:
             # Never hand an executor a name it would have to import: fail the attempt here.
             self._record(job, Report(job.id, Outcome.ERROR, error=str(_unknown(job.task))), 0.0)
             return
+        holder = next((s for s in self.slots if s.job is not None and s.job.id == job.id), None)
+        if holder is not None and holder is not slot:
+            # This worker still runs the job under an older lease, which this claim proves lost
+            # (a reaper took the job while heartbeats failed, say). Stop that run, and start
+            # this one only once its executor has exited.
+            assert holder.job is not None
+            logger.warning(
+                "job %d claimed again (attempt %d) while attempt %d still runs here: stopping"
+                " the older run before starting the new one",
+                job.id,
+                job.attempt,
+                holder.job.attempt,
+                extra=_job_fields(job, self.worker_id),
+            )
+            if holder.deferred is not None:
+                self._lease_lost(holder.deferred, "superseded by a newer claim before it started")
+            holder.deferred = job
+            self._stop_executor(holder, STOP_LEASE_LOST)
+            return
         slot.job = job
         slot.started = time.monotonic()
         slot.deadline = slot.started + job.timeout if job.timeout else None
@@ -310,6 +360,7 @@ class Supervisor:
                     worker_id=self.worker_id,
                     args_json=job.args_json,
                     kwargs_json=job.kwargs_json,
+                    lease=job.lease.token,
                 )
             )
 
@@ -396,7 +447,7 @@ class Supervisor:
                     job, Report(job.id, Outcome.CANCELLED, error="cancelled while running"), elapsed
                 )
             elif reason == STOP_SHUTDOWN:
-                self._release(job)
+                self._release(job.lease, _job_fields(job, self.worker_id))
             elif reason == STOP_LEASE_LOST:
                 self._lease_lost(job, "stopped: its lease was lost", elapsed)
             else:
@@ -414,10 +465,16 @@ class Supervisor:
                 "executor %d exited (%s); replacing it", slot.index, _describe_exit(code)
             )
         slot.conn.close()
+        deferred, slot.deferred = slot.deferred, None
         if not (self.stopping or self.hard_stop):
-            self.slots[self.slots.index(slot)] = self._spawn(slot.index)
+            replacement = self._spawn(slot.index)
+            self.slots[self.slots.index(slot)] = replacement
+            if deferred is not None:
+                self._start(replacement, deferred)
         else:
             self.slots.remove(slot)
+            if deferred is not None:
+                self._release(deferred.lease, _job_fields(deferred, self.worker_id))
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -472,91 +529,146 @@ class Supervisor:
             "retryable": report.retryable,
             "retry_delay": retry_delay,
         }
+        self._queue_finish(job, report.outcome, options, elapsed)
+
+    def _queue_finish(
+        self,
+        job: ClaimedJob,
+        outcome: str,
+        options: dict[str, Any],
+        elapsed: float,
+        *,
+        replay: bool = False,
+    ) -> None:
+        self.unwritten.add(job.id)
+        self.outbox.append(self._finish_write(job, outcome, options, elapsed, replay=replay))
+        self._flush_outbox()
+
+    def _finish_write(
+        self,
+        job: ClaimedJob,
+        outcome: str,
+        options: dict[str, Any],
+        elapsed: float,
+        *,
+        replay: bool = False,
+        fallback: bool = True,
+    ) -> Write:
+        tries = 0
 
         def write(cursor: Any) -> Callable[[], None] | None:
+            nonlocal tries
+            tries += 1
             # A busy worker claims its next job in the same round trip as this finish.
             slot = self._free_slot() if self.queue_may_have_work and self._can_claim() else None
-            # The commit does not wait for the disk: a finish that a server crash loses shows up
-            # as an orphan at the next heartbeat, and the job runs again (at-least-once).
             if slot is None:
-                ended = transitions.finish(
-                    cursor, job.lease, report.outcome, durable=False, **options
-                )
+                ended = transitions.finish(cursor, job.lease, outcome, **options)
                 then = None
             else:
                 ended, claimed = transitions.finish_and_claim(
-                    cursor, job.lease, report.outcome, self.queues, durable=False, **options
+                    cursor, job.lease, outcome, self.queues, **options
                 )
                 then = functools.partial(self._claimed, slot, claimed)
             if ended is None:
-                self._lease_lost(job, f"could not record outcome {report.outcome}", elapsed)
+                if (tries > 1 or replay) and transitions.attempt_outcome(
+                    cursor, job.lease
+                ) == outcome:
+                    # An earlier try committed, and only its reply was lost.
+                    logger.info(
+                        "job %d: outcome %s was already recorded",
+                        job.id,
+                        outcome,
+                        extra={**_job_fields(job, self.worker_id), "event": "finish"},
+                    )
+                    self._queue_settle(job.id)
+                else:
+                    self._lease_lost(job, f"could not record outcome {outcome}", elapsed)
                 return then
-            state = ended.state
-            fields = {
-                **_job_fields(job, self.worker_id),
-                "duration": round(elapsed, 3),
-                "outcome": report.outcome,
-                "event": "retry" if state == "pending" else "finish",
-            }
+            self.remembered[job.id] = Remembered(
+                job.lease.token,
+                functools.partial(self._queue_finish, job, outcome, options, elapsed, replay=True),
+            )
             if ended.needs_settling:
-                # After the finish has committed, in statements of their own (workflows.py).
-                self.outbox.append(
-                    (f"settle job {job.id}", functools.partial(self._settle, job.id), None)
-                )
-            if state == "done":
-                self.stats.done += 1
-                logger.info(
-                    "job %d done in %.3fs", job.id, elapsed, extra={**fields, "state": state}
-                )
-            elif state == "waiting":
-                self.stats.done += 1
-                logger.info(
-                    "job %d returned in %.3fs; waiting for its children",
-                    job.id,
-                    elapsed,
-                    extra={**fields, "state": state},
-                )
-            elif state == "pending":
-                self.stats.failed += 1
-                logger.warning(
-                    "job %d attempt %d failed (%s): %s; retrying in %.1fs",
-                    job.id,
-                    job.attempt,
-                    report.outcome,
-                    report.error,
-                    retry_delay,
-                    extra={**fields, "state": state},
-                )
-            else:
-                self.stats.failed += 1
-                logger.warning(
-                    "job %d ended %s after %d attempt(s) (%s): %s",
-                    job.id,
-                    state,
-                    job.attempt,
-                    report.outcome,
-                    report.error,
-                    extra={**fields, "state": state},
-                )
+                self._queue_settle(job.id)
+            self._log_outcome(job, outcome, options, ended.state, elapsed)
             return then
 
-        self.unwritten.add(job.id)
-        self.outbox.append((f"finish job {job.id}", write, job.id))
-        self._flush_outbox()
+        def plain_error(exc: BaseException | None) -> Write:
+            # The outcome itself cannot be stored (text PostgreSQL refuses, say): record a plain
+            # error that says so, rather than leave the job running with nobody to finish it.
+            reason = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
+            error = _storable(f"the worker could not record outcome {outcome}: {reason}")[:2000]
+            plain = {"error": error, "retryable": False, "retry_delay": 0.0}
+            return self._finish_write(job, Outcome.ERROR, plain, elapsed, fallback=False)
 
-    def _release(self, job: ClaimedJob) -> None:
+        return Write(f"finish job {job.id}", write, job.id, plain_error if fallback else None)
+
+    def _queue_settle(self, job_id: int) -> None:
+        # After the finish has committed, in statements of their own (workflows.py).
+        self.outbox.append(Write(f"settle job {job_id}", functools.partial(self._settle, job_id)))
+
+    def _log_outcome(
+        self, job: ClaimedJob, outcome: str, options: dict[str, Any], state: str, elapsed: float
+    ) -> None:
+        fields = {
+            **_job_fields(job, self.worker_id),
+            "duration": round(elapsed, 3),
+            "outcome": outcome,
+            "event": "retry" if state == "pending" else "finish",
+            "state": state,
+        }
+        if state == "done":
+            self.stats.done += 1
+            logger.info("job %d done in %.3fs", job.id, elapsed, extra=fields)
+        elif state == "waiting":
+            self.stats.done += 1
+            logger.info(
+                "job %d returned in %.3fs; waiting for its children", job.id, elapsed, extra=fields
+            )
+        elif state == "pending":
+            self.stats.failed += 1
+            logger.warning(
+                "job %d attempt %d failed (%s): %s; retrying in %.1fs",
+                job.id,
+                job.attempt,
+                outcome,
+                options["error"],
+                options["retry_delay"],
+                extra=fields,
+            )
+        else:
+            self.stats.failed += 1
+            logger.warning(
+                "job %d ended %s after %d attempt(s) (%s): %s",
+                job.id,
+                state,
+                job.attempt,
+                outcome,
+                options["error"],
+                extra=fields,
+            )
+
+    def _release(
+        self, lease: Lease, fields: dict[str, Any], reason: str = "released at worker shutdown"
+    ) -> None:
         def write(cursor: Any) -> None:
-            if transitions.release(cursor, job.lease):
+            if transitions.release(cursor, lease, reason):
                 logger.info(
                     "job %d released for another worker",
-                    job.id,
-                    extra={**_job_fields(job, self.worker_id), "event": "release"},
+                    lease.job_id,
+                    extra={**fields, "event": "release"},
                 )
             else:
-                self._lease_lost(job, "could not be released")
+                self.stats.lost_leases += 1
+                logger.warning(
+                    "job %d lease lost (attempt %d): could not be released",
+                    lease.job_id,
+                    lease.attempt,
+                    extra={**fields, "event": "lease_lost"},
+                )
 
-        self.unwritten.add(job.id)
-        self.outbox.append((f"release job {job.id}", write, job.id))
+        self.unwritten.add(lease.job_id)
+        self.outbox.append(Write(f"release job {lease.job_id}", write, lease.job_id))
         self._flush_outbox()
 
     def _recover_earlier_boots(self) -> None:
@@ -580,27 +692,36 @@ class Supervisor:
         if self._db_call("startup recovery", recover) is not _FAILED:
             self.recovered = True
 
-    def _end_orphans(self, job_ids: list[int]) -> None:
-        """End the attempts of jobs running under this worker's id that it does not run (see
-        transitions.heartbeat): they run again, or fail if out of attempts."""
-        logger.warning(
-            "%d job(s) running under this worker in the database are not running here (a finish"
-            " or claim lost in a database crash, or a write given up on): %s; ending them as lost",
-            len(job_ids),
-            ", ".join(map(str, job_ids)),
-            extra={"worker_id": self.worker_id},
-        )
-        orphans = set(job_ids)
-
-        def end(cursor: Any) -> list[Any]:
-            candidates = [
-                (job, Outcome.LOST, "its worker was not running it", None)
-                for job in transitions.running_jobs(cursor, conf.timeout_grace())
-                if job.lease.job_id in orphans and job.lease.worker_id == self.worker_id
-            ]
-            return end_attempts(cursor, candidates)
-
-        self._db_call("ending orphans", end)
+    def _recover_orphans(self, orphans: list[Lease], remembered: dict[int, Remembered]) -> None:
+        """Deal with jobs running under this worker's id that it does not run (see
+        transitions.heartbeat). Neither case is the job's fault, so neither costs an attempt:
+        a finish the database lost is written again from memory (it is fenced on the lease, so
+        writing it twice is safe); any other orphan is a claim whose reply never reached this
+        worker, and is released."""
+        for lease in orphans:
+            fields = {
+                "job_id": lease.job_id,
+                "attempt": lease.attempt,
+                "worker_id": lease.worker_id,
+            }
+            known = remembered.get(lease.job_id)
+            if known is not None and known.token == lease.token:
+                logger.warning(
+                    "job %d: the database lost its recorded outcome (a crash or failover);"
+                    " writing it again",
+                    lease.job_id,
+                    extra={**fields, "event": "replay"},
+                )
+                known.replay()
+            else:
+                logger.warning(
+                    "job %d is running under this worker in the database, but this worker never"
+                    " started it (the claim's reply was lost); releasing it without counting"
+                    " the attempt",
+                    lease.job_id,
+                    extra={**fields, "event": "orphan"},
+                )
+                self._release(lease, fields, reason="released: its worker never got the claim")
 
     def _lease_lost(self, job: ClaimedJob, what: str, elapsed: float | None = None) -> None:
         self.stats.lost_leases += 1
@@ -617,48 +738,64 @@ class Supervisor:
 
     def _flush_outbox(self) -> None:
         while self.outbox and time.monotonic() >= self.db_retry_at:
-            description, write, job_id = self.outbox[0]
-            then = self._db_call(description, write)
+            head = self.outbox[0]
+            then = self._db_call(head.description, head.run)
             if then is not _FAILED:
                 self.outbox.popleft()
-                self._written(job_id)
+                self._written(head.job_id)
                 self.outbox_failures = 0
                 if callable(then):
                     then()  # e.g. start the job claimed together with a finish
                 continue
             self.outbox_failures += 1
             if not self.last_error_transient and self.outbox_failures >= 5:
-                # Not an outage but a write that keeps failing: give up on it rather than
-                # block every later one. The job stays running, and the next heartbeat finds it
-                # an orphan.
-                logger.error("giving up on %s after %d failures", description, self.outbox_failures)
-                self.outbox.popleft()
-                self._written(job_id)
+                # Not an outage but a write that keeps failing: stop blocking every later one.
                 self.outbox_failures = 0
+                if head.fallback is not None:
+                    logger.error(
+                        "%s failed %d times; recording a plain error instead",
+                        head.description,
+                        5,
+                    )
+                    self.outbox[0] = head.fallback(self.last_db_error)
+                else:
+                    logger.error("giving up on %s after %d failures", head.description, 5)
+                    self.outbox.popleft()
+                    self._written(head.job_id)
             return
 
     def _written(self, job_id: int | None) -> None:
-        if job_id is not None:
+        if job_id is not None and not any(w.job_id == job_id for w in self.outbox):
             self.unwritten.discard(job_id)
+
+    def _leases(self) -> list[Lease]:
+        """The leases of every job this worker runs or is about to start."""
+        return [
+            job.lease for slot in self.slots for job in (slot.job, slot.deferred) if job is not None
+        ]
 
     def _heartbeat(self) -> None:
         self.next_heartbeat = time.monotonic() + self.heartbeat_interval
-        leases = [slot.job.lease for slot in self.slots if slot.job is not None]
+        leases = self._leases()
         unwritten = sorted(self.unwritten)
+        # Every finish remembered now committed before this heartbeat: if the heartbeat does not
+        # list its job as an orphan, the database still has it, and it need not be kept.
+        remembered = self.remembered
         beat = self._db_call(
             "heartbeat", lambda c: transitions.heartbeat(c, self.info, leases, unwritten)
         )
         if beat is _FAILED:
             return
         self.last_heartbeat_ok = time.monotonic()
+        self.remembered = {}
         if beat.orphans:
-            self._end_orphans(beat.orphans)
+            self._recover_orphans(beat.orphans, remembered)
         statuses = beat.leases
         for slot in self.slots:
             job = slot.job
             if job is None or slot.stop_reason is not None:
                 continue
-            status = statuses.get(job.id)
+            status = statuses.get(job.lease.token) if job.lease.token else None
             if status is None or not status.held:
                 self._stop_executor(slot, STOP_LEASE_LOST)
             elif status.cancel_requested:
@@ -675,6 +812,7 @@ class Supervisor:
             with self.db.cursor() as cursor:
                 result = fn(cursor)
         except Exception as exc:
+            self.last_db_error = exc
             self.db_failures += 1
             delay = min(30.0, 0.5 * 2 ** min(self.db_failures, 6)) * random.uniform(0.5, 1.0)
             self.db_retry_at = time.monotonic() + delay
@@ -766,6 +904,12 @@ def _unknown(task: str) -> Exception:
     from django_jobs.exceptions import UnknownTask
 
     return UnknownTask(task)
+
+
+def _storable(text: str) -> str:
+    """``text`` with what PostgreSQL cannot store in a text column (NUL, lone surrogates)
+    written out as escapes."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _job_fields(job: ClaimedJob, worker_id: str) -> dict[str, Any]:

@@ -1,0 +1,68 @@
+"""How the job system runs its statements: bounded waits, durable commits and one transaction
+each, whatever the connection's options say."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from django_jobs import conf, db
+from tests.conftest import connect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BINDINGS = pytest.mark.parametrize(
+    "cursor_class",
+    [psycopg.ClientCursor, psycopg.Cursor],
+    ids=["client-side binding", "server-side binding"],
+)
+
+_SETTINGS = """
+SELECT extract(epoch FROM current_setting('lock_timeout')::interval) * 1000,
+       extract(epoch FROM current_setting('statement_timeout')::interval) * 1000,
+       current_setting('synchronous_commit'),
+       current_setting('jit')
+"""
+
+
+def _careless_connection(cursor_class: type, synchronous_commit: str = "off") -> psycopg.Connection:
+    """A connection whose session settings would make a claim wait forever and commit lazily."""
+    return connect(
+        cursor_factory=cursor_class,
+        options=f"-c synchronous_commit={synchronous_commit} -c lock_timeout=0"
+        " -c statement_timeout=0",
+    )
+
+
+@BINDINGS
+def test_a_statement_runs_with_bounded_waits_and_a_durable_commit(cursor_class: type) -> None:
+    with _careless_connection(cursor_class) as conn:
+        row = db.execute(conn.cursor(), _SETTINGS).fetchone()
+    assert row == (conf.lock_timeout_ms(), conf.statement_timeout_ms(), "on", "off")
+
+
+@BINDINGS
+def test_statements_sent_together_are_one_transaction_with_bounded_waits(cursor_class) -> None:
+    with _careless_connection(cursor_class) as conn:
+        first, second, settings = db.execute_together(
+            conn.cursor(),
+            [
+                ("SELECT pg_current_xact_id()::text", None),
+                ("SELECT pg_current_xact_id()::text, %s::int", [7]),
+                (_SETTINGS, None),
+            ],
+        )
+    assert first[0][0] == second[0][0] and second[0][1] == 7
+    assert settings == [(conf.lock_timeout_ms(), conf.statement_timeout_ms(), "on", "off")]
+
+
+def test_a_stronger_synchronous_commit_of_the_operator_is_kept() -> None:
+    with _careless_connection(psycopg.ClientCursor, "remote_apply") as conn:
+        row = db.execute(conn.cursor(), _SETTINGS).fetchone()
+    assert row[2] == "remote_apply"
+
+
+def test_inside_a_callers_transaction_the_callers_settings_are_left_alone() -> None:
+    with _careless_connection(psycopg.ClientCursor) as conn, conn.transaction():
+        row = db.execute(conn.cursor(), _SETTINGS).fetchone()
+        assert row[:3] == (0, 0, "off")
