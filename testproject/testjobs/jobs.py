@@ -136,3 +136,30 @@ def tree(context: JobContext, depth: int) -> int:
 def stamp() -> float:
     """Return the wall-clock time at which the job function started (for latency benches)."""
     return time.time()
+
+
+@job(name="tests.journal", takes_context=True)
+def journal(context: JobContext, path: str, seconds: float = 0.0, tick: float = 0.05) -> dict:
+    """Append this execution's start, a tick every ``tick`` seconds, and its end to the file at
+    ``path``, one JSON line each: a record of who ran the job when that survives a database
+    crash, for the crash tests to check against."""
+    import json
+
+    def note(event: str) -> None:
+        line = {
+            "job": context.job_id,
+            "attempt": context.attempt,
+            "pid": os.getpid(),
+            "event": event,
+            "t": time.time(),
+        }
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+    note("start")
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(tick, left))
+        note("tick")
+    note("end")
+    return {"job": context.job_id, "slept": seconds}
