@@ -14,6 +14,8 @@ class DjangoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django_jobs import checks  # noqa: F401 - registers the system checks
+
         # Import every installed app's jobs.py so that its @job functions are registered.
         autodiscover_modules("jobs")
         # A @task function of Django's Tasks framework is registered when its module is

@@ -66,3 +66,18 @@ def test_inside_a_callers_transaction_the_callers_settings_are_left_alone() -> N
     with _careless_connection(psycopg.ClientCursor) as conn, conn.transaction():
         row = db.execute(conn.cursor(), _SETTINGS).fetchone()
         assert row[:3] == (0, 0, "off")
+
+
+def test_the_system_checks_pass_on_postgresql_with_psycopg_3() -> None:
+    from django_jobs.checks import check_jobs_database
+
+    assert check_jobs_database() == []
+
+
+def test_a_jobs_database_that_is_not_defined_fails_the_system_checks(settings) -> None:
+    from django_jobs.checks import check_jobs_database
+
+    settings.JOBS_DATABASE = "jobs"
+    assert [message.id for message in check_jobs_database()] == ["django_jobs.E001"]
+    settings.DATABASES = {**settings.DATABASES, "jobs": {"ENGINE": "django.db.backends.sqlite3"}}
+    assert [message.id for message in check_jobs_database()] == ["django_jobs.E002"]

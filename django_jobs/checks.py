@@ -1,0 +1,47 @@
+"""System checks (``manage.py check``): a database the job system cannot run on correctly is
+reported at deploy time, instead of weakening a guarantee silently at run time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from django_jobs import conf
+
+
+@checks.register(checks.Tags.database, checks.Tags.compatibility)
+def check_jobs_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    alias = conf.database_alias()
+    if alias not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"JOBS_DATABASE is {alias!r}, which DATABASES does not define.",
+                hint="Set JOBS_DATABASE to the alias of the PostgreSQL database of the job tables.",
+                id="django_jobs.E001",
+            )
+        ]
+    engine = str(settings.DATABASES[alias].get("ENGINE", ""))
+    if "postgresql" not in engine and "postgis" not in engine:
+        return [
+            checks.Error(
+                f"The job tables' database {alias!r} uses {engine!r}; django-jobs runs on "
+                "PostgreSQL only (13 or newer).",
+                hint="Point JOBS_DATABASE at a database with ENGINE django.db.backends.postgresql.",
+                id="django_jobs.E002",
+            )
+        ]
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return [
+            checks.Error(
+                "Django's PostgreSQL backend is using psycopg2; django-jobs needs psycopg 3, "
+                "which its statements rely on to run with bounded lock waits, durable commits "
+                "and one transaction each.",
+                hint="pip install 'psycopg[binary]>=3.1' (Django prefers it to psycopg2).",
+                id="django_jobs.E003",
+            )
+        ]
+    return []
