@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from django_jobs.db import LOCK_NOT_AVAILABLE, QUERY_CANCELED
+
 logger = logging.getLogger("django_jobs.worker")
 
 # SQLSTATE classes and codes after which the session cannot be trusted: connection exceptions,
@@ -25,6 +27,9 @@ _FATAL_SQLSTATES = {"25006"}
 
 
 def is_connection_fatal(exc: BaseException) -> bool:
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if sqlstate in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+        return False  # a bounded wait ran out: the statement failed, the session is fine
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return True
     sqlstate = getattr(exc, "sqlstate", None) or ""
@@ -68,6 +73,11 @@ class QueueConnection:
             ):
                 conn.rollback()
             raise
+
+    @property
+    def broken(self) -> bool:
+        """Whether the last error closed the connection (an outage, not a failed statement)."""
+        return self._conn is None or self._conn.closed
 
     def close(self) -> None:
         if self._conn is not None:

@@ -76,7 +76,7 @@ class Slot:
         return self.job is not None or self.deferred is not None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Write:
     """A write to the queue, kept in the outbox until it has committed."""
 
@@ -87,6 +87,12 @@ class Write:
     job_id: int | None = None
     # A simpler write to make instead if this one keeps failing (not an outage).
     fallback: Callable[[BaseException | None], Write] | None = None
+    # Failures of this write that were not an outage (a lock wait that ran out, say), and when
+    # to try it again: each write backs off on its own, so one never holds back the others.
+    failures: int = 0
+    retry_at: float = 0.0
+    # For the settling that follows a job's end: it runs a slice at a time.
+    settling: workflows.Settling | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +178,6 @@ class Supervisor:
         self.recovered = False
         self.db_retry_at = 0.0
         self.db_failures = 0
-        self.outbox_failures = 0
         self.last_error_transient = False
         self._mp = multiprocessing.get_context("spawn")
         self._wake_r, self._wake_w = socket.socketpair()
@@ -275,17 +280,20 @@ class Supervisor:
             return False
         if time.monotonic() < self.db_retry_at:
             return False
-        # A worker that cannot prove it is alive may already have been reaped: take nothing new.
+        # A worker that cannot prove it is alive may already have been reaped, and its row in
+        # the worker registry deleted: take nothing new until a heartbeat registers it again.
+        # The clock starts when the last good heartbeat was sent, before the database stamped
+        # it, so the worker stops claiming no later than the reaper may judge it gone.
         return time.monotonic() - self.last_heartbeat_ok <= self.worker_timeout
 
-    def _settle(self, job_id: int, cursor: Any) -> Callable[[], None]:
-        workflows.settle(cursor, job_id)
-
-        def look_again() -> None:
-            # Settling may have made jobs ready (promoted dependents): claim without waiting.
-            self.queue_may_have_work = True
-
-        return look_again
+    def _settle(self, settling: workflows.Settling, cursor: Any) -> Any:
+        # One slice at a time: a cascade over a million jobs must not stop heartbeats, timeouts
+        # or claims. Its progress is the rows' own states, so a crash midway loses nothing
+        # (the reaper's repair pass finishes it).
+        settling.run(cursor, until=time.monotonic() + SETTLE_SLICE)
+        # Settling may have made jobs ready (promoted dependents): claim without waiting.
+        self.queue_may_have_work = True
+        return None if settling.finished else _AGAIN
 
     def _free_slot(self) -> Slot | None:
         return next((s for s in self.slots if s.ready and not s.busy), None)
@@ -369,8 +377,11 @@ class Supervisor:
         moments = [self.next_heartbeat]
         if not self.queue_may_have_work or not self._can_claim():
             moments.append(self.next_poll)
-        if self.outbox or time.monotonic() < self.db_retry_at:
-            moments.append(max(self.db_retry_at, now + 0.05))
+        if self.outbox:
+            soonest = min(write.retry_at for write in self.outbox)
+            moments.append(max(self.db_retry_at, soonest))
+        elif now < self.db_retry_at:
+            moments.append(self.db_retry_at)
         for slot in self.slots:
             if slot.deadline is not None and slot.stop_reason is None:
                 moments.append(slot.deadline)
@@ -605,7 +616,12 @@ class Supervisor:
 
     def _queue_settle(self, job_id: int) -> None:
         # After the finish has committed, in statements of their own (workflows.py).
-        self.outbox.append(Write(f"settle job {job_id}", functools.partial(self._settle, job_id)))
+        settling = workflows.Settling.of(job_id)
+        self.outbox.append(
+            Write(
+                f"settle job {job_id}", functools.partial(self._settle, settling), settling=settling
+            )
+        )
 
     def _log_outcome(
         self, job: ClaimedJob, outcome: str, options: dict[str, Any], state: str, elapsed: float
@@ -737,32 +753,49 @@ class Supervisor:
         )
 
     def _flush_outbox(self) -> None:
-        while self.outbox and time.monotonic() >= self.db_retry_at:
-            head = self.outbox[0]
-            then = self._db_call(head.description, head.run)
+        """Make the writes that are due, oldest first. A write that fails waits on its own
+        backoff while the others go on; only an outage (the connection is gone) stops them all,
+        until the connection's backoff has passed."""
+        for write in list(self.outbox):
+            now = time.monotonic()
+            if now < self.db_retry_at:
+                return
+            if write.retry_at > now or write not in self.outbox:
+                continue
+            then = self._db_call(write.description, write.run, own_backoff=True)
+            if then is _AGAIN:
+                assert write.settling is not None
+                write.failures = 0
+                write.retry_at = write.settling.next_due()
+                continue
             if then is not _FAILED:
-                self.outbox.popleft()
-                self._written(head.job_id)
-                self.outbox_failures = 0
+                self.outbox.remove(write)
+                self._written(write.job_id)
                 if callable(then):
                     then()  # e.g. start the job claimed together with a finish
                 continue
-            self.outbox_failures += 1
-            if not self.last_error_transient and self.outbox_failures >= 5:
-                # Not an outage but a write that keeps failing: stop blocking every later one.
-                self.outbox_failures = 0
-                if head.fallback is not None:
-                    logger.error(
-                        "%s failed %d times; recording a plain error instead",
-                        head.description,
-                        5,
-                    )
-                    self.outbox[0] = head.fallback(self.last_db_error)
-                else:
-                    logger.error("giving up on %s after %d failures", head.description, 5)
-                    self.outbox.popleft()
-                    self._written(head.job_id)
-            return
+            if self.db.broken:
+                return
+            self._write_failed(write)
+
+    def _write_failed(self, write: Write) -> None:
+        write.failures += 1
+        write.retry_at = time.monotonic() + _backoff(write.failures)
+        if self.last_error_transient or write.failures < 5:
+            return  # a bounded wait ran out: try again, for as long as it takes
+        # Not an outage but a write that keeps failing: do something simpler, or give up.
+        index = self.outbox.index(write)
+        if write.fallback is not None:
+            logger.error(
+                "%s failed %d times; recording a plain error instead",
+                write.description,
+                write.failures,
+            )
+            self.outbox[index] = write.fallback(self.last_db_error)
+        else:
+            logger.error("giving up on %s after %d failures", write.description, write.failures)
+            del self.outbox[index]
+            self._written(write.job_id)
 
     def _written(self, job_id: int | None) -> None:
         if job_id is not None and not any(w.job_id == job_id for w in self.outbox):
@@ -775,7 +808,8 @@ class Supervisor:
         ]
 
     def _heartbeat(self) -> None:
-        self.next_heartbeat = time.monotonic() + self.heartbeat_interval
+        sent = time.monotonic()
+        self.next_heartbeat = sent + self.heartbeat_interval
         leases = self._leases()
         unwritten = sorted(self.unwritten)
         # Every finish remembered now committed before this heartbeat: if the heartbeat does not
@@ -785,8 +819,11 @@ class Supervisor:
             "heartbeat", lambda c: transitions.heartbeat(c, self.info, leases, unwritten)
         )
         if beat is _FAILED:
+            # Try again with the same backoff as other writes, not a whole interval later: after
+            # an outage, a lost lease must be noticed (and its executor stopped) soon.
+            self.next_heartbeat = min(self.next_heartbeat, self.db_retry_at)
             return
-        self.last_heartbeat_ok = time.monotonic()
+        self.last_heartbeat_ok = sent
         self.remembered = {}
         if beat.orphans:
             self._recover_orphans(beat.orphans, remembered)
@@ -806,25 +843,39 @@ class Supervisor:
                 )
                 self._stop_executor(slot, STOP_CANCELLED)
 
-    def _db_call(self, description: str, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(cursor)``; on a database error, back off and return ``_FAILED``."""
+    def _db_call(
+        self, description: str, fn: Callable[[Any], Any], *, own_backoff: bool = False
+    ) -> Any:
+        """Run ``fn(cursor)``; on a database error, back off and return ``_FAILED``.
+
+        An outage (the connection broke) backs off every use of the database. Any other error
+        backs off every use too, unless ``own_backoff``: an outbox write waits on its own.
+        """
         try:
             with self.db.cursor() as cursor:
                 result = fn(cursor)
         except Exception as exc:
             self.last_db_error = exc
-            self.db_failures += 1
-            delay = min(30.0, 0.5 * 2 ** min(self.db_failures, 6)) * random.uniform(0.5, 1.0)
-            self.db_retry_at = time.monotonic() + delay
             # An outage or a bounded wait running out is retried for as long as it takes.
             self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
-            level = logging.WARNING if self.last_error_transient else logging.ERROR
+            if own_backoff and not self.db.broken:
+                logger.log(
+                    logging.WARNING if self.last_error_transient else logging.ERROR,
+                    "database error during %s (%s: %s); trying it again later",
+                    description,
+                    type(exc).__name__,
+                    _first_line(exc),
+                )
+                return _FAILED
+            self.db_failures += 1
+            delay = _backoff(self.db_failures)
+            self.db_retry_at = time.monotonic() + delay
             logger.log(
-                level,
+                logging.WARNING if self.last_error_transient else logging.ERROR,
                 "database error during %s (%s: %s); retrying in %.1fs",
                 description,
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc) else "",
+                _first_line(exc),
                 delay,
             )
             return _FAILED
@@ -898,6 +949,20 @@ class Supervisor:
 
 
 _FAILED: Any = object()
+# What a write returns when it has more to do: it stays in the outbox, and goes on later.
+_AGAIN: Any = object()
+#: Seconds of settling (workflows.Settling) between two looks at the rest of the loop.
+SETTLE_SLICE = 0.05
+
+
+def _backoff(failures: int) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row: doubling from about half a
+    second up to 30 s, with jitter so that many workers do not retry in step."""
+    return min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def _unknown(task: str) -> Exception:
