@@ -17,8 +17,10 @@ The statements are bound client-side here even when Django's connection binds se
 (``OPTIONS["server_side_binding"]``): a server-side binding cursor cannot send several statements
 in one message, and would lose the settings and the single transaction.
 
-Inside a caller's transaction the statement runs as it is, so the caller's settings are not
-changed behind its back.
+Inside a caller's transaction (``transaction.atomic()``, ``ATOMIC_REQUESTS``) the statement still
+runs with the bounded waits, in the same single message: the caller's own values are saved
+before, and put back after it, so the rest of the caller's transaction is not changed behind its
+back. Its commit, and so its durability, stays the caller's.
 """
 
 from __future__ import annotations
@@ -56,27 +58,45 @@ def _client_side(cursor: Any, raw: Any) -> Any:
 
 
 def execute(cursor: Any, sql: str, params: Any = None) -> Any:
-    """Execute ``sql`` with bounded waits and a durable commit when it is its own transaction
-    (see above); return the cursor that holds its rows (``cursor``, or one on its connection)."""
+    """Execute ``sql`` with bounded waits (and a durable commit, when it is its own transaction;
+    see above); return the cursor that holds its rows (``cursor``, or one on its connection)."""
     raw = raw_cursor(cursor)
-    if not _own_transaction(raw):
-        cursor.execute(sql, params)
-        return cursor
     sender = _client_side(cursor, raw)
-    sender.execute(_settings_statement() + "; " + sql, params)
-    raw_cursor(sender).nextset()  # step past the settings to the statement's own result
+    if _own_transaction(raw):
+        sender.execute(_settings_statement() + "; " + sql, params)
+        raw_cursor(sender).nextset()  # step past the settings to the statement's own result
+    else:
+        sender.execute(f"{_SAVE}; {_bounded_waits()}; {sql}; {_RESTORE}", params)
+        raw_cursor(sender).nextset()
+        raw_cursor(sender).nextset()
     return sender
 
 
 def _settings_statement() -> str:
     return (
+        _bounded_waits() + ", CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
+        " THEN set_config('synchronous_commit', 'on', true) END"
+    )
+
+
+def _bounded_waits() -> str:
+    return (
         "SELECT "
         f"set_config('lock_timeout', '{conf.lock_timeout_ms():d}', true), "
         f"set_config('statement_timeout', '{conf.statement_timeout_ms():d}', true), "
-        "set_config('jit', 'off', true), "
-        "CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
-        " THEN set_config('synchronous_commit', 'on', true) END"
+        "set_config('jit', 'off', true)"
     )
+
+
+# Inside a caller's transaction: its own values, kept in placeholder settings of this
+# transaction while a statement of the job system runs, and put back after it.
+_SAVED = ("lock_timeout", "statement_timeout", "jit")
+_SAVE = "SELECT " + ", ".join(
+    f"set_config('django_jobs.saved_{name}', current_setting('{name}'), true)" for name in _SAVED
+)
+_RESTORE = "SELECT " + ", ".join(
+    f"set_config('{name}', current_setting('django_jobs.saved_{name}'), true)" for name in _SAVED
+)
 
 
 def is_timeout(exc: BaseException) -> bool:

@@ -7,13 +7,15 @@ Enqueueing writes through Django's connection for ``JOBS_DATABASE``, so it joins
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
 from django_jobs import conf, db
@@ -21,6 +23,8 @@ from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayloa
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
 from django_jobs.states import ACTIVE_STATES, State, sql_in
+
+logger = logging.getLogger("django_jobs.enqueue")
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 _JSON = json.JSONEncoder(separators=(",", ":"))
@@ -112,12 +116,12 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
 # Columns written on enqueue; everything else comes from the columns' database defaults.
 _COLUMNS = (
     "task, queue, priority, state, args, kwargs, max_attempts, timeout, run_after, parent_id,"
-    " unique_key, error, finished_at"
+    " parent_attempt, unique_key, error, finished_at"
 )
 # The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now;
 # the notification is delivered when the enqueueing transaction commits, and never if it rolls
 # back. It carries only the queue name.
-_RETURNING = f"""id, state, attempt, run_after, created_at, finished_at,
+_RETURNING = f"""id, state, attempt, run_after, created_at, finished_at, parent_attempt,
     (CASE WHEN state = 'pending' AND run_after <= now()
           THEN pg_notify('{db.CHANNEL}', queue) END) IS NULL"""
 
@@ -128,7 +132,8 @@ INSERT INTO django_jobs_job ({_COLUMNS})
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
-        %(parent)s, %(unique_key)s, %(reason)s,
+        %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
+        %(unique_key)s, %(reason)s,
         CASE WHEN %(state)s = 'cancelled' THEN now() END)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN {sql_in(ACTIVE_STATES)}
 DO NOTHING
@@ -145,15 +150,18 @@ SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
              FROM generate_series(1, %(count)s)),
        r.run_after, statement_timestamp(), CASE WHEN %(state)s = 'cancelled' THEN now() END,
        (CASE WHEN %(state)s = 'pending' AND r.run_after <= now()
-             THEN pg_notify('{db.CHANNEL}', %(queue)s) END) IS NULL
+             THEN pg_notify('{db.CHANNEL}', %(queue)s) END) IS NULL,
+       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s)
 FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
              AS run_after) r
 """
-# The dependencies' states, locked FOR SHARE until the enqueueing transaction ends: a dependency
-# that is finishing right now either committed first (and is seen as done here), or waits for
-# this transaction, so that the settling after it sees the new dependency rows (workflows.py).
-_LOCK_DEPENDENCIES = """
-SELECT id, state, task FROM django_jobs_job WHERE id = ANY(%s) ORDER BY id FOR SHARE
+# The dependencies' states, read without a lock: the enqueueing transaction may stay open for
+# as long as the application likes, and must not hold back the dependencies' finishes (the
+# dependency rows' foreign keys take only FOR KEY SHARE, which a finish does not wait for). A
+# dependency that ends while the transaction is open cannot see the new dependent, so the new
+# jobs are checked again once the transaction has committed (workflows.settle_new_dependents).
+_READ_DEPENDENCIES = """
+SELECT id, state, task FROM django_jobs_job WHERE id = ANY(%s) ORDER BY id
 """
 
 _INSERT_DEPENDENCIES = """
@@ -175,7 +183,7 @@ def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
     """The state a new job starts in, given its dependencies; and the reason if cancelled."""
     if not dependency_ids:
         return State.PENDING.value, ""
-    found = db.execute(cursor, _LOCK_DEPENDENCIES, [dependency_ids]).fetchall()
+    found = db.execute(cursor, _READ_DEPENDENCIES, [dependency_ids]).fetchall()
     missing = sorted(set(dependency_ids) - {row[0] for row in found})
     if missing:
         raise DependencyError(
@@ -191,6 +199,45 @@ def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
     if all(state == State.DONE for _, state, _ in found):
         return State.PENDING.value, ""
     return State.WAITING.value, ""
+
+
+#: A bulk enqueue that writes at least this many dependency rows refreshes the planner's
+#: statistics of the job and dependency tables once it has committed.
+ANALYZE_AFTER = 10_000
+
+
+def _analyze(alias: str) -> None:
+    # Until autovacuum next analyzes them (a minute or more later), the planner would think the
+    # new fan-out tiny, and page through it with plans that read all of it for every page.
+    try:
+        with connections[alias].cursor() as cursor:
+            db.execute(cursor, "ANALYZE django_jobs_job, django_jobs_dependency")
+    except DatabaseError as exc:  # the jobs are written; autovacuum analyzes soon enough
+        logger.warning("could not analyze the job tables after a bulk enqueue: %s", exc)
+
+
+def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
+    """Once the enqueue has committed, check new waiting jobs against their dependencies again
+    (see _READ_DEPENDENCIES); at once when there is no transaction to wait for."""
+    if state != State.WAITING:
+        return
+
+    def settle() -> None:
+        from django_jobs import workflows
+
+        try:
+            with connections[alias].cursor() as cursor:
+                workflows.settle_new_dependents(cursor, job_ids)
+        except DatabaseError as exc:
+            # The jobs are written, and the enqueue must not fail after its commit: the
+            # reaper's repair pass settles them if their dependencies ended meanwhile.
+            logger.warning(
+                "could not check %d new waiting job(s) against their dependencies: %s",
+                len(job_ids),
+                exc,
+            )
+
+    transaction.on_commit(settle, using=alias)
 
 
 def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
@@ -213,7 +260,7 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
 def _build(
     params: dict[str, Any], args: list[Any], kwargs: dict[str, Any], row: Sequence[Any], alias: str
 ) -> Job:
-    job_id, state, attempt, run_after, created_at, finished_at, _ = row
+    job_id, state, attempt, run_after, created_at, finished_at, parent_attempt, _ = row
     job = Job(
         id=job_id,
         task=params["task"],
@@ -231,6 +278,7 @@ def _build(
         error=params["reason"],
         cancel_requested=False,
         parent_id=params["parent"],
+        parent_attempt=parent_attempt,
         unique_key=params["unique_key"],
     )
     job._state.adding = False
@@ -265,6 +313,7 @@ def enqueue(
             if row is not None:
                 if dependency_ids:
                     db.execute(cursor, _INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
+                    _settle_after_commit(alias, params["state"], [row[0]])
                 return _build(params, args_value, kwargs_value, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
@@ -292,7 +341,7 @@ def enqueue_many(
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
         cursor.execute(_RESERVE_MANY, {**params, "count": len(encoded)})
-        ids, run_after, created_at, finished_at, _ = cursor.fetchone()
+        ids, run_after, created_at, finished_at, _, parent_attempt = cursor.fetchone()
         # Rows differ only in id and arguments. The columns they share go in only where they
         # differ from the column's default (NULL, '', or now(), which is the same moment in
         # this transaction), which spares COPY their parsing.
@@ -310,6 +359,7 @@ def enqueue_many(
                 ("timeout", "int4", params["timeout"]),
                 ("finished_at", "timestamptz", finished_at),
                 ("parent_id", "int8", params["parent"]),
+                ("parent_attempt", "int4", parent_attempt),
                 ("error", "text", params["reason"] or None),
             )
             if value is not None
@@ -324,7 +374,10 @@ def enqueue_many(
                 copy.write_row((job_id, args_json, kwargs_json, *values))
         if dependency_ids:
             db.execute(cursor, _INSERT_DEPENDENCIES, [ids, dependency_ids])
-    row = (ids[0], params["state"], 0, run_after, created_at, finished_at, None)
+            _settle_after_commit(alias, params["state"], ids)
+            if len(ids) * len(dependency_ids) >= ANALYZE_AFTER:
+                transaction.on_commit(functools.partial(_analyze, alias), using=alias)
+    row = (ids[0], params["state"], 0, run_after, created_at, finished_at, parent_attempt, None)
     return _copies(_build(params, [], {}, row, alias), ids, encoded)
 
 

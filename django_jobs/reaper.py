@@ -164,6 +164,6 @@ def reap(
                 candidates.append((job, Outcome.LOST, reason, verdict.silence))
         report.actions = end_attempts(cursor, candidates, dry_run=dry_run, emit=emit)
         if not dry_run:
-            for worker_id in sorted(verdicts):
-                transitions.delete_worker_if_idle(cursor, worker_id)
+            for worker_id, verdict in sorted(verdicts.items()):
+                transitions.delete_worker_if_idle(cursor, worker_id, verdict.silence)
     return report

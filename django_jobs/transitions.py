@@ -16,7 +16,8 @@ connection and the admin or the reaper can use Django's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_jobs import db
@@ -70,6 +71,9 @@ class ClaimedJob:
 # Claim: pick the first ready pending job in (priority DESC, run_after, id) order, lock it with
 # SKIP LOCKED so concurrent workers pass over each other, mark it running, count the attempt and
 # draw a new lease token, and open its Attempt row: one statement, one round trip.
+# The lock is FOR NO KEY UPDATE, the mode the UPDATE takes anyway: it excludes other claims and
+# finishes of the job, but not the FOR KEY SHARE that a foreign key check takes on it while a
+# dependent or a child of the job is being enqueued in a transaction that may stay open.
 # Index: job_claim_idx (any queue) or job_claim_queue_idx (one queue); both are partial on
 # state = 'pending', so finished jobs cost nothing however many there are.
 _CLAIM = f"""
@@ -82,7 +86,7 @@ WITH claimed AS (
         WHERE state = 'pending' AND run_after <= now() {{queue_filter}}
         ORDER BY priority DESC, run_after, id
         LIMIT 1
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     ) AND state = 'pending'
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
               parent_id, lease
@@ -184,24 +188,32 @@ def _claim_params(worker_id: str, queues: Sequence[str] | None) -> dict[str, Any
 
 
 # Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
-# fenced on the lease, decides the job's next state in one place, and closes the attempt row:
+# fenced on the lease (and locks FOR NO KEY UPDATE, as the claim does, so that a transaction
+# enqueueing a dependent or a child of the job never holds it back), decides the job's next
+# state in one place, and closes the attempt row:
 # - success: done, or waiting if the job spawned children that are not finished yet (the parent
-#   is finalized when its last child ends, see workflows.py);
+#   is finalized when its last child ends, see workflows.py), or cancelled if its cancellation
+#   was requested meanwhile (its unfinished children are then cancelled too);
 # - cancelled if cancellation was asked for;
 # - pending again, after the retry delay counted from the database's now(), while attempts
 #   remain and the failure is retryable;
 # - error otherwise.
-# It also says whether the job has a parent or dependents, which then need settling.
+# It also says whether the job has a parent, dependents, or unfinished children of this
+# attempt, which then need settling. A parent's outcome is decided by the children of its final
+# attempt only (parent_attempt); those of an attempt that failed are cancelled by the settling.
 # Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx.
 _END_ATTEMPT = f"""
 WITH target AS (
     SELECT id, attempt,
            CASE
                WHEN %(outcome)s = 'done' THEN
-                   CASE WHEN EXISTS (
+                   CASE WHEN NOT EXISTS (
                        SELECT 1 FROM {JOB} c
                        WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
-                   ) THEN 'waiting' ELSE 'done' END
+                         AND (c.parent_attempt IS NULL OR c.parent_attempt = j.attempt)
+                   ) THEN 'done'
+                   WHEN cancel_requested THEN 'cancelled'
+                   ELSE 'waiting' END
                WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
                WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
                ELSE 'error'
@@ -209,7 +221,7 @@ WITH target AS (
     FROM {JOB} j
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid {{condition}}
-    FOR UPDATE {{skip_locked}}
+    FOR NO KEY UPDATE {{skip_locked}}
 ), job AS (
     UPDATE {JOB} j
     SET state = t.new_state,
@@ -222,7 +234,7 @@ WITH target AS (
         error = %(error)s
     FROM target t
     WHERE j.id = t.id
-    RETURNING j.id, j.state, j.parent_id
+    RETURNING j.id, j.state, j.parent_id, j.attempt
 ), closed AS (
     UPDATE {ATTEMPT} a
     SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
@@ -231,7 +243,10 @@ WITH target AS (
       AND a.lease IS NOT DISTINCT FROM %(lease)s::uuid AND a.outcome = 'running'
 )
 SELECT state, parent_id,
-       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id)
+       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id),
+       EXISTS (SELECT 1 FROM {JOB} c
+               WHERE c.parent_id = job.id AND c.state IN ('waiting', 'pending', 'running')
+                 AND (c.parent_attempt IS NULL OR c.parent_attempt = job.attempt))
 FROM job
 """
 _FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
@@ -275,12 +290,16 @@ class Ended:
     state: str
     parent_id: int | None
     has_dependents: bool
+    #: Unfinished children that the ended attempt spawned.
+    has_children: bool = False
 
     @property
     def needs_settling(self) -> bool:
         """Whether workflows.settle() has work: a parent to finalize, dependents to promote or
-        cancel, or this job's own children to wait for."""
+        cancel, this job's own children to wait for, or those of a failed attempt to cancel."""
         if self.state == State.WAITING:
+            return True
+        if self.has_children:
             return True
         return self.state in TERMINAL_STATES and (self.parent_id is not None or self.has_dependents)
 
@@ -288,8 +307,8 @@ class Ended:
 def _ended(job_id: int, row: Sequence[Any] | None) -> Ended | None:
     if row is None:
         return None
-    state, parent_id, has_dependents = row
-    return Ended(job_id, State(state).value, parent_id, bool(has_dependents))
+    state, parent_id, has_dependents, has_children = row
+    return Ended(job_id, State(state).value, parent_id, bool(has_dependents), bool(has_children))
 
 
 _ENDING_OUTCOMES = frozenset(Outcome.values) - {Outcome.RUNNING, Outcome.RELEASED}
@@ -631,18 +650,31 @@ def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
 
 # Cancel: a pending or waiting job ends at once; a running one is flagged, and its worker stops it
 # at its next heartbeat. Also says whether each job has children or dependents, for the cascade
-# (workflows.cancel). One set-based statement per batch of ids. Index: the primary key; the
-# parent_id and dependency indexes for the two EXISTS.
+# (workflows.cancel). One statement per small batch of ids, locked SKIP LOCKED: the ids that
+# another transaction held come back as busy, for the caller to try again.
+# Index: the primary key; the parent_id and dependency indexes for the two EXISTS.
 _CANCEL_MANY = f"""
-UPDATE {JOB} j
-SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
-    cancel_requested = true,
-    finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
-    error = CASE WHEN j.state = 'running' THEN j.error ELSE %(reason)s END
+WITH locked AS (
+    SELECT j.id FROM {JOB} j
+    WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
+    FOR NO KEY UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE {JOB} j
+    SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        cancel_requested = true,
+        finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+        error = CASE WHEN j.state = 'running' THEN j.error ELSE %(reason)s END
+    FROM locked
+    WHERE j.id = locked.id AND j.state IN ('pending', 'waiting', 'running')
+    RETURNING j.id, j.state,
+              EXISTS (SELECT 1 FROM {JOB} c WHERE c.parent_id = j.id)
+              OR EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = j.id)
+)
+SELECT id, state, linked FROM changed AS c(id, state, linked)
+UNION ALL
+SELECT j.id, 'busy', false FROM {JOB} j
 WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
-RETURNING j.id, j.state,
-          EXISTS (SELECT 1 FROM {JOB} c WHERE c.parent_id = j.id)
-          OR EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = j.id)
+  AND j.id NOT IN (SELECT id FROM locked)
 """
 
 
@@ -653,29 +685,72 @@ class Cancelled:
     linked: bool  # has children or dependents, which the cancellation cascades to
 
 
-def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> list[Cancelled]:
-    """Cancel jobs (see above); returns one entry per job changed. Finished jobs are skipped."""
+@dataclasses.dataclass
+class Changes:
+    """What a statement over a batch of ids did: the ids it changed, and those it skipped
+    because another transaction held them (to try again)."""
+
+    changed: list[Any] = dataclasses.field(default_factory=list)
+    busy: list[int] = dataclasses.field(default_factory=list)
+
+
+def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> Changes:
+    """Cancel jobs (see above); ``changed`` has a :class:`Cancelled` per job changed. Finished
+    jobs are skipped."""
     rows = db.execute(cursor, _CANCEL_MANY, {"ids": list(ids), "reason": reason}).fetchall()
-    return [Cancelled(job_id, state, linked) for job_id, state, linked in rows]
+    result = Changes()
+    for job_id, state, linked in rows:
+        if state == "busy":
+            result.busy.append(job_id)
+        else:
+            result.changed.append(Cancelled(job_id, state, linked))
+    return result
 
 
 def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
     """Cancel one job. Returns ``"cancelled"``, ``"running"`` (cancellation requested), or
     ``None`` if the job is already finished (or does not exist)."""
-    changed = cancel_many(cursor, [job_id], reason)
+    changed = until_free(lambda ids: cancel_many(cursor, ids, reason), [job_id]).changed
     return changed[0].state if changed else None
 
 
-def delete_worker_if_idle(cursor: Any, worker_id: str) -> None:
-    """Forget a dead worker once none of its jobs is running any more."""
-    db.execute(
-        cursor,
-        f"""
-        DELETE FROM django_jobs_worker w WHERE w.id = %s
-        AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.state = 'running' AND j.worker_id = w.id)
-        """,
-        [worker_id],
-    )
+#: How often a change over a batch of ids comes back for the ids that another transaction held
+#: (it skipped them: SKIP LOCKED), and how long it waits before the first such try; each try
+#: waits longer. What is still held then is reported as busy.
+BUSY_RETRIES = 5
+BUSY_PAUSE = 0.05
+
+
+def until_free(change: Callable[[list[int]], Changes], ids: Sequence[int]) -> Changes:
+    """Run ``change`` over ``ids``, then again over the ids it found busy, a few times."""
+    result = change(list(ids))
+    for attempt in range(1, BUSY_RETRIES + 1):
+        if not result.busy:
+            break
+        time.sleep(BUSY_PAUSE * attempt)
+        again = change(result.busy)
+        result = Changes(result.changed + again.changed, again.busy)
+    return result
+
+
+# Forget a dead worker: only once none of its jobs is running any more, and only if it is still
+# silent, re-checked in this very statement. A worker that sent a heartbeat since the reaper
+# judged it keeps its row; one that was silent that long stops claiming until a heartbeat has
+# registered it again (worker/supervisor.py). Index: the worker table's primary key;
+# job_running_worker_idx.
+_DELETE_SILENT_WORKER = f"""
+DELETE FROM django_jobs_worker w
+WHERE w.id = %(id)s
+  AND w.last_seen_at < now() - make_interval(secs => %(silence)s::float8)
+  AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.state = 'running' AND j.worker_id = w.id)
+RETURNING w.id
+"""
+
+
+def delete_worker_if_idle(cursor: Any, worker_id: str, silence: float) -> bool:
+    """Forget a dead worker (see above). True if its row was deleted."""
+    params = {"id": worker_id, "silence": silence}
+    return db.execute(cursor, _DELETE_SILENT_WORKER, params).fetchone() is not None
 
 
 # Retry and run-now are operators' actions (the admin, Job.retry(), Job.run_now()); see their
@@ -686,48 +761,99 @@ def retry(cursor: Any, job_id: int, budget: int) -> bool:
     """Requeue a job that ended in error or was cancelled, ready now, with ``budget`` more
     attempts. False if its state does not allow it, a dependency is not done, or another active
     job holds its unique key."""
-    return retry_many(cursor, {job_id: budget}) == [job_id]
+    result = until_free(lambda ids: retry_many(cursor, {i: budget for i in ids}), [job_id])
+    return result.changed == [job_id]
 
 
 def run_now(cursor: Any, job_id: int) -> bool:
     """Make a pending job ready now. False if it is not pending."""
-    return run_now_many(cursor, [job_id]) == [job_id]
+    return until_free(lambda ids: run_now_many(cursor, ids), [job_id]).changed == [job_id]
 
 
 # Retry: a job that ended in error or was cancelled goes back to pending, ready now, with a fresh
 # budget of attempts; refused while one of its dependencies is not done, or while another active
-# job holds its unique key. One set-based statement per batch of ids. Index: the primary key.
+# job holds its unique key (and of several jobs in the batch with one key, only the first goes).
+# Locked SKIP LOCKED, a small batch of ids at a time; the ids another transaction held come
+# back as busy. Index: the primary key; job_admin_unique_key_idx for the unique keys.
 _RETRY_MANY = f"""
-UPDATE {JOB} j
-SET state = 'pending', max_attempts = j.attempt + b.budget, run_after = now(),
-    finished_at = NULL, worker_id = NULL, cancel_requested = false, result = NULL, error = ''
-FROM unnest(%(ids)s::bigint[], %(budgets)s::int[]) AS b(id, budget)
-WHERE j.id = b.id AND j.state IN ('error', 'cancelled')
-  AND NOT EXISTS (
-      SELECT 1 FROM django_jobs_dependency d JOIN {JOB} dj ON dj.id = d.depends_on_id
-      WHERE d.job_id = j.id AND dj.state <> 'done')
-  AND NOT EXISTS (
-      SELECT 1 FROM {JOB} o
-      WHERE o.unique_key = j.unique_key AND o.id <> j.id
-        AND o.state IN ('waiting', 'pending', 'running'))
-RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
+WITH locked AS (
+    SELECT j.id, j.unique_key FROM {JOB} j
+    WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
+    FOR NO KEY UPDATE SKIP LOCKED
+), eligible AS (
+    SELECT DISTINCT ON (l.unique_key, CASE WHEN l.unique_key IS NULL THEN l.id END) l.id
+    FROM locked l
+    WHERE NOT EXISTS (
+        SELECT 1 FROM django_jobs_dependency d JOIN {JOB} dj ON dj.id = d.depends_on_id
+        WHERE d.job_id = l.id AND dj.state <> 'done')
+      AND NOT EXISTS (
+        SELECT 1 FROM {JOB} o
+        WHERE o.unique_key = l.unique_key AND o.id <> l.id
+          AND o.state IN ('waiting', 'pending', 'running'))
+    ORDER BY l.unique_key, CASE WHEN l.unique_key IS NULL THEN l.id END, l.id
+), changed AS (
+    UPDATE {JOB} j
+    SET state = 'pending', max_attempts = j.attempt + b.budget, run_after = now(),
+        finished_at = NULL, worker_id = NULL, cancel_requested = false, result = NULL,
+        error = ''
+    FROM eligible e, unnest(%(ids)s::bigint[], %(budgets)s::int[]) AS b(id, budget)
+    WHERE j.id = e.id AND b.id = e.id
+    RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
+)
+SELECT id, 'requeued' FROM changed
+UNION ALL
+SELECT j.id, 'busy' FROM {JOB} j
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
+  AND j.id NOT IN (SELECT id FROM locked)
 """
 
 
-def retry_many(cursor: Any, budgets: dict[int, int]) -> list[int]:
-    """:func:`retry` for many jobs (id -> attempt budget); returns the ids requeued."""
+def retry_many(cursor: Any, budgets: dict[int, int]) -> Changes:
+    """:func:`retry` for many jobs (id -> attempt budget); ``changed`` has the ids requeued."""
     params = {"ids": list(budgets), "budgets": list(budgets.values())}
-    return [row[0] for row in db.execute(cursor, _RETRY_MANY, params).fetchall()]
+    return _changes(db.execute(cursor, _RETRY_MANY, params).fetchall())
 
 
-# Run now: a pending job scheduled for later becomes ready at once. Index: the primary key.
-_RUN_NOW_MANY = f"""
-UPDATE {JOB} SET run_after = now()
-WHERE id = ANY(%(ids)s) AND state = 'pending'
-RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
+# Who holds the unique keys of these jobs: another active job with the same key. For the
+# message of a retry that was refused. Index: job_admin_unique_key_idx.
+_KEY_HOLDERS = f"""
+SELECT j.id, j.unique_key, o.id, o.state FROM {JOB} j
+JOIN {JOB} o ON o.unique_key = j.unique_key AND o.id <> j.id
+WHERE j.id = ANY(%(ids)s) AND o.state IN ('waiting', 'pending', 'running')
 """
 
 
-def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
-    """:func:`run_now` for many jobs; returns the ids made ready."""
-    return [row[0] for row in db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)}).fetchall()]
+def unique_key_holders(cursor: Any, ids: Sequence[int]) -> dict[int, tuple[str, int, str]]:
+    """For each of ``ids`` whose unique key an active job holds: (key, holder id, its state)."""
+    rows = db.execute(cursor, _KEY_HOLDERS, {"ids": list(ids)}).fetchall()
+    return {job_id: (key, holder, state) for job_id, key, holder, state in rows}
+
+
+# Run now: a pending job scheduled for later becomes ready at once. Locked SKIP LOCKED, a small
+# batch at a time, as above. Index: the primary key.
+_RUN_NOW_MANY = f"""
+WITH locked AS (
+    SELECT j.id FROM {JOB} j WHERE j.id = ANY(%(ids)s) AND j.state = 'pending'
+    FOR NO KEY UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE {JOB} j SET run_after = now()
+    FROM locked WHERE j.id = locked.id AND j.state = 'pending'
+    RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
+)
+SELECT id, 'ready' FROM changed
+UNION ALL
+SELECT j.id, 'busy' FROM {JOB} j
+WHERE j.id = ANY(%(ids)s) AND j.state = 'pending' AND j.id NOT IN (SELECT id FROM locked)
+"""
+
+
+def run_now_many(cursor: Any, ids: Sequence[int]) -> Changes:
+    """:func:`run_now` for many jobs; ``changed`` has the ids made ready."""
+    return _changes(db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)}).fetchall())
+
+
+def _changes(rows: Sequence[Sequence[Any]]) -> Changes:
+    result = Changes()
+    for job_id, what in rows:
+        (result.busy if what == "busy" else result.changed).append(job_id)
+    return result
