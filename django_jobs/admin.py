@@ -15,6 +15,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -296,7 +297,23 @@ class JobAdmin(admin.ModelAdmin):
         return super().has_delete_permission(request, obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        super().delete_queryset(request, queryset.filter(state__in=TERMINAL_STATES))
+        # A small batch per statement, SKIP LOCKED, never one transaction over the selection.
+        report = actions.delete(queryset.filter(state__in=TERMINAL_STATES))
+        if report.skipped:
+            self.message_user(request, report.message("deleted"), messages.WARNING)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
+        """The confirmation page's summary, counted in SQL: Django's own would load every
+        selected job and its attempts into memory to list them."""
+        ids = objs.values("pk") if isinstance(objs, QuerySet) else [obj.pk for obj in objs]
+        jobs = Job.objects.filter(pk__in=ids, state__in=TERMINAL_STATES)
+        counts = {
+            "jobs (finished; unfinished ones are kept)": jobs.count(),
+            "attempts": Attempt.objects.filter(job__in=jobs).count(),
+        }
+        perms_needed = set() if self.has_delete_permission(request) else {"job"}
+        summary = [f"{n} {what}" for what, n in counts.items()]
+        return summary, counts, perms_needed, []
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_jobs.retry_job")
@@ -343,6 +360,15 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(request, report.message(done), level)
 
     def get_urls(self) -> list[URLPattern]:
+        # Every page runs outside ATOMIC_REQUESTS' transaction: an action's statements are each
+        # their own short transaction with bounded waits, never one long one over the selection.
+        non_atomic = transaction.non_atomic_requests(using=conf.database_alias())
+        urls = self._urls()
+        for pattern in urls:
+            non_atomic(pattern.callback)
+        return urls
+
+    def _urls(self) -> list[URLPattern]:
         wrap = self.admin_site.admin_view
         return [
             path(

@@ -38,6 +38,11 @@ class DependencyError(JobsError, ValueError):
     """A dependency names a job that does not exist, or the job itself."""
 
 
+class SpawnRefused(JobsError):
+    """A job tried to spawn a child after its cancellation was requested, or after its run lost
+    its lease (another run owns the job now). Nothing was created; the job should stop."""
+
+
 class Retry(Exception):
     """Raise from a job to ask for another attempt, optionally after a given delay.
 

@@ -62,6 +62,12 @@ class Job(models.Model):
         help_text="Random token of the latest claim; every later write of that run is fenced on "
         "it. A server crash cannot roll it back into a value that is handed out again.",
     )
+    parent_attempt = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="The parent's attempt that spawned this job: a parent's outcome is decided by "
+        "the children of its final attempt.",
+    )
 
     class Meta:
         db_table = "django_jobs_job"
@@ -304,7 +310,11 @@ class Dependency(models.Model):
     job = models.ForeignKey(
         Job, on_delete=models.CASCADE, related_name="dependency_links", db_index=False
     )
-    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependent_links")
+    # Indexed by dependency_depends_on_idx (depends_on, job): a job's dependents in id order, so
+    # that promotion and cancellation cascades page through them in keyset batches.
+    depends_on = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="dependent_links", db_index=False
+    )
 
     class Meta:
         db_table = "django_jobs_dependency"
@@ -314,6 +324,7 @@ class Dependency(models.Model):
                 condition=~Q(job=models.F("depends_on")), name="dependency_not_self"
             ),
         ]
+        indexes = [models.Index(fields=["depends_on", "job"], name="dependency_depends_on_idx")]
 
     def __str__(self) -> str:
         return f"#{self.job_id} after #{self.depends_on_id}"
