@@ -146,6 +146,16 @@ class CrashableCluster:
             **kwargs,
         )
 
+    def migrated_database(self, dbname: str, env: dict[str, str]) -> dict[str, str]:
+        """Create database ``dbname`` with django-jobs' tables; return ``env`` pointing at it."""
+        import sys
+
+        self.query(f'CREATE DATABASE "{dbname}"')
+        env = {**env, "DATABASE_URL": self.url(dbname)}
+        manage = Path(__file__).resolve().parent.parent / "manage.py"
+        subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
+        return env
+
     def query(self, sql: str, params: Any = None, dbname: str = "postgres") -> list[Any]:
         with self.connect(dbname) as conn:
             cursor = conn.execute(sql, params)

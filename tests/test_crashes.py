@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, WorkerProcess, wait_for
+from tests.conftest import WorkerProcess, wait_for
 from tests.crashable import CrashableCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
@@ -38,14 +38,13 @@ WORKER_ENV = {
 
 
 @pytest.fixture(params=["on", "off"], ids=["server-synchronous-commit-on", "server-async"])
-def cluster(request, tmp_path) -> Iterator[CrashableCluster]:
+def cluster(request) -> Iterator[CrashableCluster]:
     try:
         cluster = CrashableCluster({"synchronous_commit": request.param})
     except (FileNotFoundError, ImportError) as exc:
         pytest.skip(f"no PostgreSQL binaries to start a throwaway cluster: {exc}")
     try:
         cluster.start()
-        cluster.query(f"CREATE DATABASE {DB}")
         yield cluster
     finally:
         cluster.destroy()
@@ -53,14 +52,7 @@ def cluster(request, tmp_path) -> Iterator[CrashableCluster]:
 
 @pytest.fixture
 def jobs_env(cluster: CrashableCluster, worker_env: dict[str, str]) -> dict[str, str]:
-    import subprocess
-    import sys
-
-    env = {**worker_env, **WORKER_ENV, "DATABASE_URL": cluster.url(DB)}
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, cwd=ROOT, check=True
-    )
-    return env
+    return cluster.migrated_database(DB, {**worker_env, **WORKER_ENV})
 
 
 @pytest.fixture

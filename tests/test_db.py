@@ -62,10 +62,17 @@ def test_a_stronger_synchronous_commit_of_the_operator_is_kept() -> None:
     assert row[2] == "remote_apply"
 
 
-def test_inside_a_callers_transaction_the_callers_settings_are_left_alone() -> None:
-    with _careless_connection(psycopg.ClientCursor) as conn, conn.transaction():
+@BINDINGS
+def test_inside_a_callers_transaction_the_waits_are_bounded_and_the_callers_settings_kept(
+    cursor_class: type,
+) -> None:
+    with _careless_connection(cursor_class) as conn, conn.transaction():
+        conn.execute("SET LOCAL jit = on")
         row = db.execute(conn.cursor(), _SETTINGS).fetchone()
-        assert row[:3] == (0, 0, "off")
+        assert row[:2] == (conf.lock_timeout_ms(), conf.statement_timeout_ms())
+        assert row[3] == "off"
+        after = conn.execute(_SETTINGS).fetchone()
+        assert after == (0, 0, "off", "on")  # the caller's own, for the rest of its transaction
 
 
 def test_the_system_checks_pass_on_postgresql_with_psycopg_3() -> None:

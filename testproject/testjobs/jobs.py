@@ -163,3 +163,28 @@ def journal(context: JobContext, path: str, seconds: float = 0.0, tick: float = 
         note("tick")
     note("end")
     return {"job": context.job_id, "slept": seconds}
+
+
+@job(name="tests.spawn_then_crash", takes_context=True, max_attempts=2, retry_backoff=(0.1, 0.1))
+def spawn_then_crash(context: JobContext) -> int:
+    """Attempt 1 spawns a child that fails, then dies; attempt 2 spawns one that succeeds."""
+    if context.attempt == 1:
+        context.spawn(fail, "child of a failed attempt")
+        time.sleep(0.3)
+        os._exit(3)
+    context.spawn(echo, "child of the final attempt")
+    return context.attempt
+
+
+@job(name="tests.spawner", takes_context=True, max_attempts=1)
+def spawner(context: JobContext, count: int, pause: float, queue: str = "default") -> str:
+    """Spawn up to ``count`` children, one every ``pause`` seconds, until refused."""
+    from django_jobs.exceptions import SpawnRefused
+
+    for i in range(count):
+        try:
+            context.spawn(echo.using(queue=queue), f"child {i}")
+        except SpawnRefused as exc:
+            return f"refused after {i}: {exc}"
+        time.sleep(pause)
+    return "spawned all"
