@@ -60,21 +60,13 @@ WITH RECURSIVE batch AS (
     SELECT finished_at, id FROM batch ORDER BY finished_at DESC, id DESC LIMIT 1
 )"""
 
-# Delete a batch: lock the candidates that are not kept (re-checking their state, since an
-# operator may have retried one meanwhile; SKIP LOCKED passes over rows someone is writing), and
-# their children that stay likewise (a job whose children cannot all be locked now is left for
-# a later prune), then delete their attempts and dependency rows, clear parent_id of children
-# that stay, and delete the jobs, all in one statement. Attempts go by attempt_job_number_idx,
-# dependency rows by dependency_unique (job_id, ...) and the depends_on_id index, children by
+# Deleting jobs that a CTE ``locked`` holds (FOR UPDATE, SKIP LOCKED): their children that stay
+# are locked likewise, and a job whose children cannot all be locked now is left for another
+# try; then the attempts and dependency rows of the rest go, children that stay lose their
+# parent_id, and the jobs go, all in the same statement. Attempts go by attempt_job_number_idx,
+# dependency rows by dependency_unique (job_id, ...) and dependency_depends_on_idx, children by
 # job_parent_idx.
-_DELETE = (
-    _CANDIDATES
-    + f""", locked AS (
-    SELECT j.id FROM batch b JOIN {JOB} j ON j.id = b.id
-    WHERE b.id NOT IN (SELECT id FROM kept)
-      AND j.state IN {sql_in(TERMINAL_STATES)} AND j.state = ANY(%(states)s)
-      AND j.finished_at < %(cutoff)s
-    FOR UPDATE OF j SKIP LOCKED
+_DELETE_LOCKED = f"""
 ), children AS (
     SELECT c.id, c.parent_id FROM {JOB} c
     WHERE c.parent_id IN (SELECT id FROM locked) AND c.id NOT IN (SELECT id FROM locked)
@@ -97,8 +89,22 @@ _DELETE = (
     UPDATE {JOB} c SET parent_id = NULL FROM doomed
     WHERE c.parent_id = doomed.id AND c.id NOT IN (SELECT id FROM doomed) RETURNING 1
 ), jobs AS (
-    DELETE FROM {JOB} j USING doomed WHERE j.id = doomed.id RETURNING 1
-)
+    DELETE FROM {JOB} j USING doomed WHERE j.id = doomed.id RETURNING j.id
+)"""
+
+# Delete a batch of the prune: lock the candidates that are not kept (re-checking their state,
+# since an operator may have retried one meanwhile; SKIP LOCKED passes over rows someone is
+# writing), and delete them as above.
+_DELETE = (
+    _CANDIDATES
+    + f""", locked AS (
+    SELECT j.id FROM batch b JOIN {JOB} j ON j.id = b.id
+    WHERE b.id NOT IN (SELECT id FROM kept)
+      AND j.state IN {sql_in(TERMINAL_STATES)} AND j.state = ANY(%(states)s)
+      AND j.finished_at < %(cutoff)s
+    FOR UPDATE OF j SKIP LOCKED"""
+    + _DELETE_LOCKED
+    + """
 SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM jobs),
        (SELECT count(*) FROM attempts),
        (SELECT count(*) FROM own_links) + (SELECT count(*) FROM links_to),
@@ -131,46 +137,23 @@ SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM doomed),
 )
 
 
-# Delete the finished jobs among a small batch of ids (the admin's delete): lock them SKIP
-# LOCKED, and their children that stay (whose parent_id is cleared) likewise; a job whose
-# children cannot all be locked now is left for another try. Then delete their attempts, their
-# dependency rows both ways, and the jobs, in one statement. The ids of finished jobs left alone
-# come back as busy. Index: the primary key; job_parent_idx; attempt_job_number_idx; the
-# dependency indexes.
-_DELETE_JOBS = f"""
-WITH targets AS (
+# Delete the finished jobs among a small batch of ids (the admin's delete), as above. The ids of
+# finished jobs left alone come back as busy.
+_DELETE_JOBS = (
+    f"""
+WITH locked AS (
     SELECT j.id FROM {JOB} j
     WHERE j.id = ANY(%(ids)s) AND j.state IN {sql_in(TERMINAL_STATES)}
-    FOR UPDATE OF j SKIP LOCKED
-), children AS (
-    SELECT c.id, c.parent_id FROM {JOB} c
-    WHERE c.parent_id IN (SELECT id FROM targets) AND c.id NOT IN (SELECT id FROM targets)
-), held_children AS (
-    SELECT c.id FROM {JOB} c WHERE c.id IN (SELECT id FROM children)
-    FOR NO KEY UPDATE OF c SKIP LOCKED
-), doomed AS (
-    SELECT t.id FROM targets t
-    WHERE NOT EXISTS (
-        SELECT 1 FROM children c
-        WHERE c.parent_id = t.id AND c.id NOT IN (SELECT id FROM held_children))
-), attempts AS (
-    DELETE FROM {ATTEMPT} a USING doomed WHERE a.job_id = doomed.id RETURNING 1
-), links AS (
-    DELETE FROM {DEPENDENCY} d
-    WHERE d.job_id IN (SELECT id FROM doomed) OR d.depends_on_id IN (SELECT id FROM doomed)
-    RETURNING 1
-), orphans AS (
-    UPDATE {JOB} c SET parent_id = NULL FROM doomed
-    WHERE c.parent_id = doomed.id AND c.id NOT IN (SELECT id FROM doomed) RETURNING 1
-), jobs AS (
-    DELETE FROM {JOB} j USING doomed WHERE j.id = doomed.id RETURNING j.id
-)
+    FOR UPDATE OF j SKIP LOCKED"""
+    + _DELETE_LOCKED
+    + f"""
 SELECT id, 'deleted' FROM jobs
 UNION ALL
 SELECT j.id, 'busy' FROM {JOB} j
 WHERE j.id = ANY(%(ids)s) AND j.state IN {sql_in(TERMINAL_STATES)}
   AND j.id NOT IN (SELECT id FROM doomed)
 """
+)
 
 
 def delete_jobs(cursor: Any, ids: list[int]) -> Any:

@@ -648,6 +648,14 @@ def running_jobs(cursor: Any, timeout_grace: float) -> list[RunningJob]:
     return jobs
 
 
+# What cancelling does to a job row ``j``: a pending or waiting job ends at once; a running one is
+# flagged, and its worker stops it at its next heartbeat. Shared with the cascades (workflows.py).
+CANCEL_SET = """
+    state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
+    cancel_requested = true,
+    finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+    error = CASE WHEN j.state = 'running' THEN j.error ELSE %(reason)s END"""
+
 # Cancel: a pending or waiting job ends at once; a running one is flagged, and its worker stops it
 # at its next heartbeat. Also says whether each job has children or dependents, for the cascade
 # (workflows.cancel). One statement per small batch of ids, locked SKIP LOCKED: the ids that
@@ -659,11 +667,7 @@ WITH locked AS (
     WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
     FOR NO KEY UPDATE SKIP LOCKED
 ), changed AS (
-    UPDATE {JOB} j
-    SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
-        cancel_requested = true,
-        finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
-        error = CASE WHEN j.state = 'running' THEN j.error ELSE %(reason)s END
+    UPDATE {JOB} j SET {CANCEL_SET}
     FROM locked
     WHERE j.id = locked.id AND j.state IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.state,

@@ -132,14 +132,10 @@ WITH page AS (
     SELECT c.id FROM {JOB} c WHERE c.id IN (SELECT id FROM page)
     FOR NO KEY UPDATE SKIP LOCKED
 ), changed AS (
-    UPDATE {JOB} c
-    SET state = CASE WHEN c.state = 'running' THEN 'running' ELSE 'cancelled' END,
-        cancel_requested = true,
-        finished_at = CASE WHEN c.state = 'running' THEN NULL ELSE now() END,
-        error = CASE WHEN c.state = 'running' THEN c.error ELSE %(reason)s END
+    UPDATE {JOB} j SET {transitions.CANCEL_SET}
     FROM locked
-    WHERE c.id = locked.id AND c.state IN {sql_in(ACTIVE_STATES)}
-    RETURNING c.id, c.parent_id
+    WHERE j.id = locked.id AND j.state IN {sql_in(ACTIVE_STATES)}
+    RETURNING j.id, j.parent_id
 )
 SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM page) - (SELECT count(*) FROM locked),
        NULL::bigint, NULL::bigint

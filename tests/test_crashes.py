@@ -56,19 +56,11 @@ def jobs_env(cluster: CrashableCluster, worker_env: dict[str, str]) -> dict[str,
 
 
 @pytest.fixture
-def workers(jobs_env: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, name: str) -> WorkerProcess:
-        worker = WorkerProcess(list(args), jobs_env, name)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        if worker.proc.poll() is None:
-            worker.kill()
-            worker.proc.communicate()
+def workers(
+    jobs_env: dict[str, str], start_worker: Callable[..., WorkerProcess]
+) -> Callable[..., WorkerProcess]:
+    """``runjobworker`` processes on the throwaway cluster (killed at the end if still running)."""
+    return lambda *args, name: start_worker(*args, name=name, env=jobs_env)
 
 
 @dataclasses.dataclass

@@ -98,6 +98,26 @@ def test_every_ancestor_of_an_unfinished_job_is_kept() -> None:
     assert result.kept == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_staying_child_is_locked_is_left_for_later_without_waiting() -> None:
+    import time
+
+    parent = old_job(days=90)
+    child = old_job(days=1, parent=parent)
+    other = old_job(days=90)
+    with connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM django_jobs_job WHERE id = %s FOR UPDATE", [child.pk])
+        started = time.monotonic()
+        prune(older_than=timedelta(days=14))
+        elapsed = time.monotonic() - started
+        holder.execute("ROLLBACK")
+    assert exists(parent, child, other) == [True, True, False]
+    assert elapsed < conf.lock_timeout_ms() / 1000
+    prune(older_than=timedelta(days=14))
+    assert exists(parent, child) == [False, True]
+
+
 @pytest.mark.django_db
 def test_a_tree_whose_jobs_all_finished_goes_and_children_that_stay_lose_their_parent() -> None:
     root = old_job(days=90)
