@@ -34,7 +34,7 @@ WITH claimed AS (
         WHERE state = 'pending' AND run_after <= now()
         ORDER BY priority DESC, run_after, id
         LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     ) AND state = 'pending'
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
               parent_id, lease
@@ -57,7 +57,7 @@ WITH claimed AS (
         WHERE state = 'pending' AND run_after <= now() AND queue = p_queues[1]
         ORDER BY priority DESC, run_after, id
         LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     ) AND state = 'pending'
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
               parent_id, lease
@@ -80,7 +80,7 @@ WITH claimed AS (
         WHERE state = 'pending' AND run_after <= now() AND queue = ANY(p_queues)
         ORDER BY priority DESC, run_after, id
         LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     ) AND state = 'pending'
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
               parent_id, lease
@@ -103,13 +103,10 @@ WITH target AS (
     SELECT id, attempt,
            CASE
                WHEN p_outcome = 'done' THEN
-                   CASE WHEN NOT EXISTS (
+                   CASE WHEN EXISTS (
                        SELECT 1 FROM django_jobs_job c
                        WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
-                         AND (c.parent_attempt IS NULL OR c.parent_attempt = j.attempt)
-                   ) THEN 'done'
-                   WHEN cancel_requested THEN 'cancelled'
-                   ELSE 'waiting' END
+                   ) THEN 'waiting' ELSE 'done' END
                WHEN cancel_requested OR p_outcome = 'cancelled' THEN 'cancelled'
                WHEN p_retryable AND attempt < max_attempts THEN 'pending'
                ELSE 'error'
@@ -117,7 +114,7 @@ WITH target AS (
     FROM django_jobs_job j
     WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt
       AND worker_id = p_worker_id AND lease IS NOT DISTINCT FROM p_lease::uuid
-    FOR NO KEY UPDATE
+    FOR UPDATE
 ), job AS (
     UPDATE django_jobs_job j
     SET state = t.new_state,
@@ -130,7 +127,7 @@ WITH target AS (
         error = p_error
     FROM target t
     WHERE j.id = t.id
-    RETURNING j.id, j.state, j.parent_id, j.attempt
+    RETURNING j.id, j.state, j.parent_id
 ), closed AS (
     UPDATE django_jobs_attempt a
     SET finished_at = now(), outcome = p_outcome, error = p_error, traceback = p_traceback
@@ -139,10 +136,7 @@ WITH target AS (
       AND a.lease IS NOT DISTINCT FROM p_lease::uuid AND a.outcome = 'running'
 )
 SELECT state, parent_id,
-       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id),
-       EXISTS (SELECT 1 FROM django_jobs_job c
-               WHERE c.parent_id = job.id AND c.state IN ('waiting', 'pending', 'running')
-                 AND (c.parent_attempt IS NULL OR c.parent_attempt = job.attempt))
+       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id)
 FROM job
 ;
 END
@@ -162,7 +156,7 @@ CREATE FUNCTION django_jobs_finish(
     p_job_id bigint, p_attempt integer, p_worker_id text, p_lease uuid, p_outcome text,
     p_result text, p_error text, p_traceback text, p_retryable boolean, p_retry_delay float8
 )
-RETURNS TABLE (state varchar, parent_id bigint, has_dependents boolean, has_children boolean)
+RETURNS TABLE (state varchar, parent_id bigint, has_dependents boolean)
 LANGUAGE plpgsql AS $body${FINISH_BODY}$body$
 """
 
@@ -192,16 +186,6 @@ class Migration(migrations.Migration):
                 help_text="Random token of the latest claim; every later write of that run is "
                 "fenced on it. A server crash cannot roll it back into a value that is handed out "
                 "again.",
-                null=True,
-            ),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="parent_attempt",
-            field=models.IntegerField(
-                blank=True,
-                help_text="The parent's attempt that spawned this job: a parent's outcome is "
-                "decided by the children of its final attempt.",
                 null=True,
             ),
         ),
