@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_jobs import conf
+from django_jobs import conf, db
 from django_jobs.exceptions import SpawnRefused
 
 
@@ -64,12 +64,12 @@ class JobContext:
         # child is committed. A cancel that commits after this check is caught when this
         # attempt ends: the settling cancels the children it spawned (workflows.py).
         with connections[alias].cursor() as cursor:
-            cursor.execute(
+            row = db.execute(
+                cursor,
                 "SELECT state, lease::text, cancel_requested FROM django_jobs_job"
                 " WHERE id = %s FOR KEY SHARE",
                 [self.job_id],
-            )
-            row = cursor.fetchone()
+            ).fetchone()
         if row is None:
             raise SpawnRefused(f"job {self.job_id} no longer exists; it cannot spawn children")
         state, lease, cancel_requested = row

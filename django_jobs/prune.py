@@ -161,10 +161,7 @@ def delete_jobs(cursor: Any, ids: list[int]) -> Any:
     ids deleted, and those another transaction held."""
     from django_jobs import db, transitions
 
-    result = transitions.Changes()
-    for job_id, what in db.execute(cursor, _DELETE_JOBS, {"ids": ids}).fetchall():
-        (result.busy if what == "busy" else result.changed).append(job_id)
-    return result
+    return transitions.changes_of(db.execute(cursor, _DELETE_JOBS, {"ids": ids}).fetchall())
 
 
 @dataclasses.dataclass

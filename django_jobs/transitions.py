@@ -815,7 +815,7 @@ WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
 def retry_many(cursor: Any, budgets: dict[int, int]) -> Changes:
     """:func:`retry` for many jobs (id -> attempt budget); ``changed`` has the ids requeued."""
     params = {"ids": list(budgets), "budgets": list(budgets.values())}
-    return _changes(db.execute(cursor, _RETRY_MANY, params).fetchall())
+    return changes_of(db.execute(cursor, _RETRY_MANY, params).fetchall())
 
 
 # Who holds the unique keys of these jobs: another active job with the same key. For the
@@ -853,10 +853,12 @@ WHERE j.id = ANY(%(ids)s) AND j.state = 'pending' AND j.id NOT IN (SELECT id FRO
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> Changes:
     """:func:`run_now` for many jobs; ``changed`` has the ids made ready."""
-    return _changes(db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)}).fetchall())
+    return changes_of(db.execute(cursor, _RUN_NOW_MANY, {"ids": list(ids)}).fetchall())
 
 
-def _changes(rows: Sequence[Sequence[Any]]) -> Changes:
+def changes_of(rows: Sequence[Sequence[Any]]) -> Changes:
+    """:class:`Changes` from a batch statement's ``(id, what)`` rows, ``what`` being ``busy``
+    for the ids another transaction held."""
     result = Changes()
     for job_id, what in rows:
         (result.busy if what == "busy" else result.changed).append(job_id)
