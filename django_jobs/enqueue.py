@@ -23,6 +23,7 @@ from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayloa
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
 from django_jobs.states import ACTIVE_STATES, State, sql_in
+from django_jobs.storable import may_hold_unstorable, unstorable
 
 logger = logging.getLogger("django_jobs.enqueue")
 
@@ -32,20 +33,33 @@ _JSON = json.JSONEncoder(separators=(",", ":"))
 _FLAT_TYPES = frozenset((str, int, bool, type(None)))
 
 
-def _check_json(value: Any, path: str) -> Any:
+#: How deeply job arguments may nest lists and objects.
+MAX_DEPTH = 100
+
+
+def _check_json(value: Any, path: str, depth: int = 0) -> Any:
     """Return ``value`` as plain JSON (tuples become lists), or raise naming the bad element."""
     if isinstance(value, _JSON_SCALARS):
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidPayload(f"{path} is {value!r}, which JSON cannot represent")
+        if isinstance(value, str) and (why := unstorable(value)) is not None:
+            raise InvalidPayload(f"{path} {why}")
         return value
+    if depth >= MAX_DEPTH:
+        where = path if len(path) <= 60 else f"{path[:60]}..."
+        raise InvalidPayload(
+            f"job arguments nest lists or objects more than {MAX_DEPTH} levels deep (at {where})"
+        )
     if isinstance(value, list | tuple):
-        return [_check_json(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [_check_json(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidPayload(f"{path} has a key {key!r}; JSON object keys must be strings")
-            out[key] = _check_json(item, f"{path}[{key!r}]")
+            if (why := unstorable(key)) is not None:
+                raise InvalidPayload(f"{path} has a key {key!r} that {why}")
+            out[key] = _check_json(item, f"{path}[{key!r}]", depth + 1)
         return out
     raise InvalidPayload(
         f"{path} is a {type(value).__name__}, which is not JSON. Job arguments must be plain "
@@ -73,8 +87,15 @@ def _encode(
     ):
         args_value = _check_json(args_value, "args")
         kwargs_value = _check_json(kwargs_value, "kwargs")
-    args_json = _JSON.encode(args_value)
-    kwargs_json = _JSON.encode(kwargs_value) if kwargs_value else "{}"
+    try:
+        args_json = _JSON.encode(args_value)
+        kwargs_json = _JSON.encode(kwargs_value) if kwargs_value else "{}"
+    except ValueError as exc:  # an int too long to write out, say
+        raise InvalidPayload(f"job arguments cannot be written as JSON: {exc}") from None
+    if may_hold_unstorable(args_json) or may_hold_unstorable(kwargs_json):
+        # A flat string with a NUL or a lone surrogate: the walk names it.
+        _check_json(args_value, "args")
+        _check_json(kwargs_value, "kwargs")
     size = len(args_json) + len(kwargs_json)  # the encoder writes ASCII: characters are bytes
     limit = conf.max_payload_bytes() if limit is None else limit
     if size > limit:
@@ -173,6 +194,16 @@ _FIND_ACTIVE_UNIQUE = f"""
 SELECT id FROM django_jobs_job
 WHERE unique_key = %s AND state IN {sql_in(ACTIVE_STATES)}
 """
+
+
+_PARENT_EXISTS = "SELECT 1 FROM django_jobs_job WHERE id = %s"
+
+
+def _check_parent(cursor: Any, parent_id: int | None) -> None:
+    """Raise before anything is written if the parent does not exist (its foreign key is checked
+    only at commit, after enqueue would have returned a job)."""
+    if parent_id is not None and db.execute(cursor, _PARENT_EXISTS, [parent_id]).fetchone() is None:
+        raise InvalidOption(f"parent job #{parent_id} does not exist")
 
 
 def _dependency_ids(task: Task) -> list[int]:
@@ -308,6 +339,7 @@ def enqueue(
     with _statements(alias, bool(dependency_ids)), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
         params.update(args=args_json, kwargs=kwargs_json)
+        _check_parent(cursor, params["parent"])
         while True:
             row = db.execute(cursor, _INSERT_ONE, params).fetchone()
             if row is not None:
@@ -340,6 +372,7 @@ def enqueue_many(
     dependency_ids = _dependency_ids(task)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
+        _check_parent(cursor, params["parent"])
         cursor.execute(_RESERVE_MANY, {**params, "count": len(encoded)})
         ids, run_after, created_at, finished_at, _, parent_attempt = cursor.fetchone()
         # Rows differ only in id and arguments. The columns they share go in only where they

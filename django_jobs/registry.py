@@ -10,11 +10,12 @@ import dataclasses
 import inspect
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption, JobsError, UnknownTask
+from django_jobs.storable import unstorable
 
 if TYPE_CHECKING:
     from django_jobs.context import JobContext
@@ -153,21 +154,29 @@ def validate_options(
     unique_key: Any = None,
 ) -> None:
     """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
-    if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
+    if queue is not None and (
+        not isinstance(queue, str) or not queue or len(queue) > 100 or unstorable(queue)
+    ):
         raise InvalidOption(
             f"queue must be a non-empty string of at most 100 characters, not {queue!r}"
+            + (f": it {unstorable(queue)}" if isinstance(queue, str) and unstorable(queue) else "")
         )
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise InvalidOption(f"priority must be an integer from -100 to 100, not {priority!r}")
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise InvalidOption(f"max_attempts must be an integer of at least 1, not {max_attempts!r}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_INT
     ):
         raise InvalidOption(
-            f"timeout must be a whole number of seconds (>= 1) or None, not {timeout!r}"
+            f"max_attempts must be an integer from 1 to {MAX_INT}, not {max_attempts!r}"
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_INT
+    ):
+        raise InvalidOption(
+            f"timeout must be a whole number of seconds from 1 to {MAX_INT}, or None,"
+            f" not {timeout!r}"
         )
     if run_after is not None:
         if isinstance(run_after, datetime):
@@ -177,10 +186,33 @@ def validate_options(
                 )
         elif not isinstance(run_after, timedelta):
             raise InvalidOption(f"run_after must be a datetime or a timedelta, not {run_after!r}")
+        else:
+            _check_delay(run_after)
     if unique_key is not None and (
         not isinstance(unique_key, str) or not unique_key or len(unique_key) > 255
     ):
         raise InvalidOption("unique_key must be a non-empty string of at most 255 characters")
+    if isinstance(unique_key, str) and (why := unstorable(unique_key)) is not None:
+        raise InvalidOption(f"unique_key {why}")
+
+
+#: The largest max_attempts and timeout: the columns are PostgreSQL integers.
+MAX_INT = 2**31 - 1
+
+
+def _check_delay(delay: timedelta) -> None:
+    # The moment must be one that Python can read back (years 1 to 9999); the database's clock
+    # adds it at enqueue, so leave a day of room for the two clocks to differ.
+    try:
+        moment = datetime.now(UTC) + delay
+        ok = datetime.min.replace(tzinfo=UTC) + timedelta(days=1) < moment
+        ok = ok and moment < datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise InvalidOption(
+            f"run_after={delay!r} is out of range: the job would run outside the years 1 to 9999"
+        )
 
 
 class Registry:

@@ -128,6 +128,67 @@ def test_non_json_arguments_are_refused_and_nothing_is_written(args, kwargs, mes
     assert not Job.objects.exists()
 
 
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+UNSTORABLE = [
+    (["a\x00b"], {}, r"args\[0\] contains a NUL character"),
+    ([], {"note": "x\x00"}, r"kwargs\['note'\] contains a NUL character"),
+    ([{"deep": ["\ud800"]}], {}, r"args\[0\]\['deep'\]\[0\] contains invalid Unicode"),
+    ([{"k\x00": 1}], {}, "has a key .* that contains a NUL character"),
+    ([_nested(5000)], {}, "nest lists or objects more than 100 levels deep"),
+    ([10**5000], {}, "cannot be written as JSON"),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "message"), UNSTORABLE)
+def test_what_postgresql_cannot_store_is_refused_and_nothing_is_written(
+    args, kwargs, message
+) -> None:
+    with pytest.raises(InvalidPayload, match=message):
+        echo.enqueue(*args, **kwargs)
+    with pytest.raises(InvalidPayload, match=message):
+        echo.enqueue_many([(("fine",), {}), (args, kwargs)])
+    assert not Job.objects.exists()
+    # Text that only looks like an escape is stored as it is.
+    stored = echo.enqueue("\\u0000", "\\x00", "😀")
+    stored.refresh_from_db()
+    assert stored.args == ["\\u0000", "\\x00", "😀"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parent_that_does_not_exist_is_refused_before_anything_is_written() -> None:
+    kept = []
+    for enqueue_it in (
+        lambda: echo.using(parent=999_999_999).enqueue(),
+        lambda: echo.using(parent=999_999_999).enqueue_many([((), {})]),
+    ):
+        with transaction.atomic():
+            with pytest.raises(InvalidOption, match="parent job #999999999 does not exist"):
+                enqueue_it()
+            kept.append(echo.enqueue("the transaction goes on").pk)
+    assert sorted(Job.objects.values_list("pk", flat=True)) == kept
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"run_after": timedelta(days=10**8)},
+        {"max_attempts": 2**31},
+        {"timeout": 2**31},
+        {"unique_key": "k\x00"},
+    ],
+)
+def test_options_out_of_range_are_refused_before_anything_is_written(options) -> None:
+    with pytest.raises(InvalidOption):
+        echo.using(**options).enqueue()
+    assert not Job.objects.exists()
+
+
 @override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
 def test_arguments_over_the_size_cap_are_refused() -> None:
     echo.enqueue("x" * 900)

@@ -45,11 +45,19 @@ def test_using_returns_a_copy_with_call_options() -> None:
     [
         ({"priority": 101}, "priority must be an integer from -100 to 100"),
         ({"priority": "high"}, "priority must be an integer"),
-        ({"max_attempts": 0}, "max_attempts must be an integer of at least 1"),
+        ({"max_attempts": 0}, "max_attempts must be an integer from 1 to"),
         ({"timeout": 0}, "timeout must be a whole number of seconds"),
         ({"queue": ""}, "queue must be a non-empty string"),
         ({"run_after": datetime(2030, 1, 1)}, "run_after must be an aware datetime"),
         ({"run_after": "tomorrow"}, "run_after must be a datetime or a timedelta"),
+        # Past what the database's columns or Python's datetimes hold.
+        ({"max_attempts": 2**31}, "max_attempts must be an integer from 1 to 2147483647"),
+        ({"timeout": 2**31}, "timeout must be a whole number of seconds from 1 to 2147483647"),
+        ({"run_after": timedelta(days=10**8)}, "run_after=.* is out of range"),
+        ({"run_after": timedelta(days=-(10**6))}, "run_after=.* is out of range"),
+        ({"unique_key": "a\x00b"}, "unique_key contains a NUL character"),
+        ({"unique_key": "a\ud800"}, "unique_key contains invalid Unicode"),
+        ({"queue": "q\x00"}, "queue must be .*NUL"),
     ],
 )
 def test_bad_options_are_refused_with_a_clear_message(options: dict, message: str) -> None:

@@ -52,7 +52,18 @@ class Report:
 
 
 def run_assignment(assignment: Assignment) -> Report:
-    """Run one job function and describe the result. Never raises."""
+    """Run one job function and describe the result, in text PostgreSQL can store (see
+    storable.py: a NUL or invalid Unicode in an error message must not make the outcome
+    impossible to record). Never raises."""
+    from django_jobs.storable import storable_text
+
+    report = _run(assignment)
+    return dataclasses.replace(
+        report, error=storable_text(report.error), traceback=storable_text(report.traceback)
+    )
+
+
+def _run(assignment: Assignment) -> Report:
     from django.db import close_old_connections
 
     from django_jobs.context import JobContext
@@ -107,16 +118,22 @@ def run_assignment(assignment: Assignment) -> Report:
         return Report(job_id, "error", error=_summary(exc), traceback=format_exception(exc))
     finally:
         close_old_connections()
+    from django_jobs.storable import NOTE, storable_json
+
     try:
-        result_json = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        result_json, changed = storable_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        # Running it again would return the same: the attempt fails for good.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         return Report(
             job_id,
             "error",
             retryable=False,
-            error=f"the job returned {type(value).__name__}, which is not JSON: {exc}",
+            error=f"the job returned {type(value).__name__}, which is not JSON: {reason}",
         )
-    return Report(job_id, "done", result_json=result_json)
+    # The job succeeded: its result is kept, and the job's error field says what was changed.
+    error = f"the result held text PostgreSQL cannot store: {NOTE}" if changed else ""
+    return Report(job_id, "done", result_json=result_json, error=error)
 
 
 def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
