@@ -95,6 +95,20 @@ def kill_grace() -> float:
     return float(_get("JOBS_KILL_GRACE", 5.0))
 
 
+def unknown_task_delay() -> float:
+    """``JOBS_UNKNOWN_TASK_DELAY``: seconds a worker passes over the jobs of a task it has not
+    registered, after it has handed one back (a rolling deploy, say; handing back costs no
+    attempt). Other workers take them meanwhile. Default 5."""
+    return float(_get("JOBS_UNKNOWN_TASK_DELAY", 5.0))
+
+
+def unknown_task_timeout() -> float:
+    """``JOBS_UNKNOWN_TASK_TIMEOUT``: seconds a job may wait for a worker that has registered
+    its task before it ends in ``error`` (counted from the first worker that did not have it,
+    and only while no live worker has it). Default 3600."""
+    return float(_get("JOBS_UNKNOWN_TASK_TIMEOUT", 3600.0))
+
+
 def retry_backoff() -> tuple[float, float]:
     """``JOBS_RETRY_BACKOFF``: ``(base, cap)`` seconds of the default exponential backoff:
     ``min(cap, base * 2 ** (attempt - 1))``, jittered over its upper half. Default (5, 3600)."""

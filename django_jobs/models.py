@@ -68,6 +68,13 @@ class Job(models.Model):
         help_text="The parent's attempt that spawned this job: a parent's outcome is decided by "
         "the children of its final attempt.",
     )
+    task_missing_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When a worker first handed the job back because it has not registered the "
+        "task (a rolling deploy, say). JOBS_UNKNOWN_TASK_TIMEOUT counts from here.",
+    )
 
     class Meta:
         db_table = "django_jobs_job"
@@ -112,6 +119,12 @@ class Job(models.Model):
         indexes = [
             # A job's children: the finish's check for unfinished ones, fan-in, cascades. Only
             # children are in it, so a claim or finish of any other job costs it nothing.
+            models.Index(
+                "task",
+                "task_missing_since",
+                condition=Q(task_missing_since__isnull=False, state=State.PENDING),
+                name="job_task_missing_idx",
+            ),
             models.Index(
                 fields=["parent"], condition=models.Q(parent__isnull=False), name="job_parent_idx"
             ),
@@ -346,6 +359,16 @@ class Worker(models.Model):
         blank=True,
         db_default="",
         help_text="What a liveness check saw of the worker's container, to notice restarts.",
+    )
+    pod = models.CharField(
+        max_length=253,
+        blank=True,
+        db_default="",
+        help_text="The worker's Kubernetes pod (POD_NAME), for liveness checks; empty elsewhere.",
+    )
+    tasks = models.JSONField(
+        db_default=models.Value([], models.JSONField()),
+        help_text="The task names this worker has registered.",
     )
 
     class Meta:

@@ -16,6 +16,7 @@ connection and the admin or the reaper can use Django's.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,6 +85,7 @@ WITH claimed AS (
     WHERE id = (
         SELECT id FROM {JOB}
         WHERE state = 'pending' AND run_after <= now() {{queue_filter}}
+          AND (%(skip_tasks)s::text[] IS NULL OR task <> ALL(%(skip_tasks)s::text[]))
         ORDER BY priority DESC, run_after, id
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED
@@ -106,10 +108,10 @@ _CLAIM_SOME_QUEUES = _CLAIM.format(queue_filter="AND queue = ANY(%(queues)s)")
 def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     """The claim statement for a worker serving ``queues`` (``None``: every queue)."""
     if not queues:
-        return _CLAIM_ANY_QUEUE, {}
+        return _CLAIM_ANY_QUEUE, {"skip_tasks": None}
     if len(queues) == 1:
-        return _CLAIM_ONE_QUEUE, {"queue": queues[0]}
-    return _CLAIM_SOME_QUEUES, {"queues": list(queues)}
+        return _CLAIM_ONE_QUEUE, {"queue": queues[0], "skip_tasks": None}
+    return _CLAIM_SOME_QUEUES, {"queues": list(queues), "skip_tasks": None}
 
 
 def _claimed(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
@@ -166,25 +168,41 @@ BEGIN
     END IF;
 END
 """.format(
-        any_queue=_CLAIM_ANY_QUEUE % {"worker_id": "p_worker_id"},
-        one_queue=_CLAIM_ONE_QUEUE % {"worker_id": "p_worker_id", "queue": "p_queues[1]"},
-        some_queues=_CLAIM_SOME_QUEUES % {"worker_id": "p_worker_id", "queues": "p_queues"},
+        any_queue=_CLAIM_ANY_QUEUE % {"worker_id": "p_worker_id", "skip_tasks": "p_skip_tasks"},
+        one_queue=_CLAIM_ONE_QUEUE
+        % {"worker_id": "p_worker_id", "queue": "p_queues[1]", "skip_tasks": "p_skip_tasks"},
+        some_queues=_CLAIM_SOME_QUEUES
+        % {"worker_id": "p_worker_id", "queues": "p_queues", "skip_tasks": "p_skip_tasks"},
     )
 )
-_CALL_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION}(%(worker_id)s::text, %(queues)s::text[])"
+_CALL_CLAIM = (
+    f"SELECT * FROM {CLAIM_FUNCTION}(%(worker_id)s::text, %(queues)s::text[],"
+    " %(skip_tasks)s::text[])"
+)
 
 
-def claim(cursor: Any, worker_id: str, queues: Sequence[str] | None) -> ClaimedJob | None:
-    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready."""
+def claim(
+    cursor: Any,
+    worker_id: str,
+    queues: Sequence[str] | None,
+    skip_tasks: Sequence[str] = (),
+) -> ClaimedJob | None:
+    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready. Jobs of
+    ``skip_tasks`` (tasks the worker has found it does not have) are passed over."""
     # The commit is durable: a claim that a server crash lost would make a job that is running
     # claimable again, and a second executor would run it at the same time as the first.
-    return _claimed(
-        worker_id, db.execute(cursor, _CALL_CLAIM, _claim_params(worker_id, queues)).fetchone()
-    )
+    params = _claim_params(worker_id, queues, skip_tasks)
+    return _claimed(worker_id, db.execute(cursor, _CALL_CLAIM, params).fetchone())
 
 
-def _claim_params(worker_id: str, queues: Sequence[str] | None) -> dict[str, Any]:
-    return {"worker_id": worker_id, "queues": list(queues) if queues else None}
+def _claim_params(
+    worker_id: str, queues: Sequence[str] | None, skip_tasks: Sequence[str] = ()
+) -> dict[str, Any]:
+    return {
+        "worker_id": worker_id,
+        "queues": list(queues) if queues else None,
+        "skip_tasks": list(skip_tasks) if skip_tasks else None,
+    }
 
 
 # Ending an attempt: finish (by the worker) and reap (by the reaper) share one statement. It is
@@ -231,7 +249,8 @@ WITH target AS (
                          ELSE j.run_after END,
         worker_id = CASE WHEN t.new_state = 'pending' THEN NULL ELSE j.worker_id END,
         result = %(result)s::jsonb,
-        error = %(error)s
+        error = %(error)s,
+        task_missing_since = NULL
     FROM target t
     WHERE j.id = t.id
     RETURNING j.id, j.state, j.parent_id, j.attempt
@@ -374,6 +393,7 @@ def finish_and_claim(
     lease: Lease,
     outcome: str,
     queues: Sequence[str] | None,
+    skip_tasks: Sequence[str] = (),
     **finish_options: Any,
 ) -> tuple[Ended | None, ClaimedJob | None]:
     """:func:`finish`, then :func:`claim` the next job for the same worker, as one transaction
@@ -382,7 +402,7 @@ def finish_and_claim(
         cursor,
         [
             (_CALL_FINISH, _end_params(lease, outcome, **_finish_defaults(finish_options))),
-            (_CALL_CLAIM, _claim_params(lease.worker_id, queues)),
+            (_CALL_CLAIM, _claim_params(lease.worker_id, queues, skip_tasks)),
         ],
     )
     return (
@@ -409,7 +429,8 @@ def _finish_defaults(options: dict[str, Any]) -> dict[str, Any]:
 _RELEASE = f"""
 WITH job AS (
     UPDATE {JOB}
-    SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now()
+    SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now(),
+        task_missing_since = NULL
     WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
     RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
@@ -427,6 +448,97 @@ def release(cursor: Any, lease: Lease, reason: str = "released at worker shutdow
     """Put a running job back to pending without using up an attempt. False if lease lost."""
     params = {**_lease_params(lease), "reason": reason}
     return db.execute(cursor, _RELEASE, params).fetchone() is not None
+
+
+# Hand back a job whose task this worker has not registered (a rolling deploy: pods that run
+# the new release enqueue it before every worker runs that release). Like a release, it does
+# not count the attempt; and since nothing ran, the attempt row goes too, so that a job offered
+# to many old workers piles up no rows. The job stays where it was in the queue: the worker
+# passes over the task's jobs for a while (claim's skip_tasks), and a worker that has the task
+# takes it at once.
+# ``task_missing_since`` says since when workers have been found without the task: the job's
+# own mark, else the earliest mark of the task's waiting jobs, else the earliest the worker has
+# seen itself (``seen_since``), else now(). A job that runs loses its mark (finish, reap and
+# release clear it). The job is not handed back but reported
+# ``expired`` when that is longer ago than ``give_up_after`` and no live worker has registered
+# the task: the worker then ends it in error, as a finish.
+# Index: the primary key; job_task_missing_idx for the task's marks; attempt_job_number_idx;
+# the worker table is small.
+_HAND_BACK = f"""
+WITH target AS (
+    SELECT j.id,
+           COALESCE(j.task_missing_since,
+                    (SELECT min(m.task_missing_since) FROM {JOB} m
+                     WHERE m.task = j.task AND m.state = 'pending'
+                       AND m.task_missing_since IS NOT NULL),
+                    %(seen_since)s::timestamptz,
+                    now()) AS missing_since
+    FROM {JOB} j
+    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.attempt = %(attempt)s
+      AND j.worker_id = %(worker_id)s AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
+), verdict AS (
+    SELECT t.id, t.missing_since,
+           t.missing_since < now() - make_interval(secs => %(give_up_after)s::float8)
+           AND NOT EXISTS (
+               SELECT 1 FROM django_jobs_worker w
+               WHERE w.tasks ? %(task)s
+                 AND w.last_seen_at >= now() - make_interval(secs => %(worker_timeout)s::float8)
+           ) AS expired
+    FROM target t
+), job AS (
+    UPDATE {JOB} j
+    SET state = 'pending', attempt = j.attempt - 1, worker_id = NULL,
+        task_missing_since = v.missing_since, error = %(reason)s
+    FROM verdict v
+    WHERE j.id = v.id AND NOT v.expired
+      AND j.state = 'running' AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
+    RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
+), gone AS (
+    DELETE FROM {ATTEMPT}
+    WHERE job_id = %(job_id)s AND number = %(attempt)s AND worker_id = %(worker_id)s
+      AND lease IS NOT DISTINCT FROM %(lease)s::uuid AND outcome = 'running'
+      AND EXISTS (SELECT 1 FROM job)
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM job) THEN 'handed back'
+            WHEN v.expired THEN 'expired' END,
+       v.missing_since
+FROM verdict v
+"""
+HANDED_BACK = "handed back"
+EXPIRED = "expired"
+
+
+@dataclasses.dataclass(frozen=True)
+class HandBack:
+    """What became of a job handed back: ``HANDED_BACK``, or ``EXPIRED`` (end it in error
+    instead); and since when workers have been found without its task."""
+
+    verdict: str | None
+    missing_since: datetime.datetime
+
+
+def hand_back(
+    cursor: Any,
+    lease: Lease,
+    task: str,
+    *,
+    give_up_after: float,
+    worker_timeout: float,
+    seen_since: datetime.datetime | None = None,
+) -> HandBack | None:
+    """Hand back a job whose task this worker has not registered (see above); ``None`` if the
+    lease was lost."""
+    params = {
+        **_lease_params(lease),
+        "task": task,
+        "give_up_after": give_up_after,
+        "worker_timeout": worker_timeout,
+        "seen_since": seen_since,
+        "reason": f"waiting for a worker that has registered task {task!r}: "
+        f"worker {lease.worker_id} has not",
+    }
+    row = db.execute(cursor, _HAND_BACK, params).fetchone()
+    return None if row is None else HandBack(row[0], row[1])
 
 
 # What became of one claim's attempt: its outcome (``running`` while it runs), or ``None`` if
@@ -452,6 +564,10 @@ class WorkerInfo:
     pid: int
     queues: list[str]
     concurrency: int
+    #: The Kubernetes pod the worker runs in (``POD_NAME``), or "".
+    pod: str = ""
+    #: The task names the worker has registered.
+    tasks: list[str] = dataclasses.field(default_factory=list)
 
 
 # Heartbeat: refresh the worker's registry row (re-creating it if a reaper removed it) and, in
@@ -469,9 +585,10 @@ class WorkerInfo:
 # job_running_worker_idx for the orphans.
 _HEARTBEAT = f"""
 WITH beat AS (
-    INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, started_at,
-                                    last_seen_at)
-    VALUES (%(id)s, %(name)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, now(), now())
+    INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, pod, tasks,
+                                    started_at, last_seen_at)
+    VALUES (%(id)s, %(name)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(pod)s,
+            %(tasks)s::jsonb, now(), now())
     ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
     RETURNING id
 )
@@ -523,6 +640,7 @@ def heartbeat(
         {
             **dataclasses.asdict(worker),
             "queues": json.dumps(worker.queues),
+            "tasks": json.dumps(worker.tasks),
             "job_ids": job_ids,
             "leases": [lease.token for lease in leases],
             "known_ids": [*job_ids, *unwritten],

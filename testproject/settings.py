@@ -99,6 +99,8 @@ for _name, _cast in [
     ("JOBS_LISTEN_DATABASE_URL", str),
     ("JOBS_LOCK_TIMEOUT_MS", int),
     ("JOBS_STATEMENT_TIMEOUT_MS", int),
+    ("JOBS_UNKNOWN_TASK_DELAY", float),
+    ("JOBS_UNKNOWN_TASK_TIMEOUT", float),
 ]:
     if _name in env.ENVIRON:
         globals()[_name] = _cast(env.ENVIRON[_name])

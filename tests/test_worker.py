@@ -49,7 +49,7 @@ def test_burst_worker_runs_jobs_and_stores_results_and_errors(start_worker) -> N
     assert f"job {ok.pk} done" in worker.output and f"job {bad.pk} ended error" in worker.output
 
 
-def test_unknown_and_broken_jobs_end_in_error_and_the_worker_goes_on(start_worker) -> None:
+def test_unknown_tasks_wait_broken_jobs_end_in_error_and_the_worker_goes_on(start_worker) -> None:
     unknown = JobFactory(task="some.module.removed_in_last_deploy", max_attempts=1)
     broken = JobFactory(task="tests.echo", args={"not": "a list"}, max_attempts=1)
     weird_result = unserializable.enqueue()
@@ -57,15 +57,52 @@ def test_unknown_and_broken_jobs_end_in_error_and_the_worker_goes_on(start_worke
     worker = start_worker("--burst")
     assert worker.wait() == 0, worker.output
 
+    # A task this worker has not registered may be one a newer release's workers have: the job
+    # is handed back, without counting an attempt (see test_deploys.py).
     unknown.refresh_from_db()
-    assert unknown.state == "error"
-    assert "unknown task 'some.module.removed_in_last_deploy'" in unknown.error
+    assert unknown.state == "pending" and unknown.attempt == 0
+    assert "waiting for a worker that has registered task 'some.module.removed_in_last_deploy'" in (
+        unknown.error
+    )
     broken.refresh_from_db()
     assert broken.state == "error" and "bad job arguments" in broken.error
     weird_result.refresh_from_db()
     assert weird_result.state == "error" and "not JSON" in weird_result.error
     fine.refresh_from_db()
     assert fine.state == "done"
+
+
+def test_text_postgresql_cannot_store_is_made_storable_and_the_job_ends_once(start_worker) -> None:
+    from testproject.testjobs.jobs import deep_result, unstorable
+
+    nul, surrogate = unstorable.enqueue("nul"), unstorable.enqueue("surrogate")
+    raised_nul, raised_surrogate = (
+        unstorable.enqueue("raise_nul"),
+        unstorable.enqueue("raise_surrogate"),
+    )
+    too_deep = deep_result.enqueue(5000)
+    worker = start_worker("--burst")
+    assert worker.wait() == 0, worker.output
+    assert "could not record" not in worker.output and "giving up" not in worker.output
+    nul.refresh_from_db()
+    assert nul.state == "done" and nul.attempt == 1
+    assert nul.result == {"text": "a\\x00b", "key a\\x00b": ["a\\x00b", 1]}
+    assert "NUL characters written as \\x00" in nul.error
+    surrogate.refresh_from_db()
+    assert surrogate.state == "done" and surrogate.result["text"] == "a\ufffdb"
+    for job in (raised_nul, raised_surrogate):
+        job.refresh_from_db()
+        assert job.state == "error" and job.attempt == 1, job.error
+        assert job.error.startswith("ValueError: bad bytes: a")
+        assert "[django-jobs: NUL characters written as \\x00" in job.error
+        attempt = job.attempts.get()
+        assert attempt.outcome == "error" and "raise ValueError" in attempt.traceback
+    raised_nul.refresh_from_db()
+    assert "a\\x00b" in raised_nul.error
+    # A result that is not JSON at all fails for good, at the first attempt.
+    too_deep.refresh_from_db()
+    assert too_deep.state == "error" and too_deep.attempt == 1
+    assert "not JSON: nested too deeply" in too_deep.error
 
 
 def test_no_transaction_is_open_while_a_job_runs_and_queue_io_uses_at_most_two_connections(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +36,47 @@ def is_connection_fatal(exc: BaseException) -> bool:
         return True
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate.startswith(_FATAL_SQLSTATE_PREFIXES) or sqlstate in _FATAL_SQLSTATES
+
+
+#: The longest wait between two tries of a database that is away or failing: short, so that a
+#: worker serves jobs within seconds of its database coming (back); a try costs little.
+OUTAGE_RETRY_CAP = 5.0
+
+
+def backoff(failures: int, cap: float = 30.0) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row: doubling from about half a
+    second up to ``cap``, with jitter so that many workers do not retry in step."""
+    return min(cap, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
+
+
+class Complaints:
+    """How often a retry loop logs its failures: a new kind of failure at once, then the same
+    kind at most once per ``interval``, saying how many went unlogged. A database that is away
+    for an hour costs a line a minute, not one per try."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self.interval = interval
+        self.logged_at = float("-inf")
+        self.kind: str | None = None
+        self.unlogged = 0
+
+    def due(self, exc: BaseException) -> int | None:
+        """Whether to log ``exc``: ``None`` if not (it is counted), else how many failures since
+        the last line were not logged."""
+        now = time.monotonic()
+        kind = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+        if kind == self.kind and now - self.logged_at < self.interval:
+            self.unlogged += 1
+            return None
+        self.logged_at, self.kind = now, kind
+        unlogged, self.unlogged = self.unlogged, 0
+        return unlogged
+
+    def reset(self) -> None:
+        """The loop succeeded: the next failure is news again."""
+        self.logged_at = float("-inf")
+        self.kind = None
+        self.unlogged = 0
 
 
 def connection_params(alias: str, application_name: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime
 import functools
 import json
 import logging
@@ -39,8 +40,15 @@ from django_jobs import conf, db, transitions, workflows
 from django_jobs.reaper import end_attempts
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
+from django_jobs.storable import storable_text
 from django_jobs.transitions import ClaimedJob, Lease, WorkerInfo
-from django_jobs.worker.connection import QueueConnection, is_connection_fatal
+from django_jobs.worker.connection import (
+    OUTAGE_RETRY_CAP,
+    Complaints,
+    QueueConnection,
+    backoff,
+    is_connection_fatal,
+)
 from django_jobs.worker.executor import Assignment, Report, executor_main
 from django_jobs.worker.identity import base_name, name_of, new_worker_id
 from django_jobs.worker.wakeup import Wakeup
@@ -87,6 +95,9 @@ class Write:
     job_id: int | None = None
     # A simpler write to make instead if this one keeps failing (not an outage).
     fallback: Callable[[BaseException | None], Write] | None = None
+    # Whether to drop the write if it keeps failing, and has no fallback. A job's last-resort
+    # finish is never dropped: its job would be left running with nobody to finish it.
+    droppable: bool = True
     # Failures of this write that were not an outage (a lock wait that ran out, say), and when
     # to try it again: each write backs off on its own, so one never holds back the others.
     failures: int = 0
@@ -155,6 +166,8 @@ class Supervisor:
             pid=os.getpid(),
             queues=self.queues,
             concurrency=concurrency,
+            pod=os.environ.get("POD_NAME", ""),
+            tasks=registry.names(),
         )
         self.stats = WorkerStats()
         self.slots: list[Slot] = []
@@ -179,6 +192,18 @@ class Supervisor:
         self.db_retry_at = 0.0
         self.db_failures = 0
         self.last_error_transient = False
+        # A database that is away or failing is reported at once, then once a minute.
+        self.db_complaints = Complaints()
+        # Tasks not registered here whose jobs claims pass over, until when (monotonic); and
+        # since when (the database's clock) workers have been found without each.
+        self.missing_tasks: dict[str, float] = {}
+        self.missing_since: dict[str, datetime.datetime] = {}
+        # Jobs handed back because their task is not registered here, by task, not yet logged.
+        self.handed_back: collections.Counter[str] = collections.Counter()
+        self.handed_back_logged_at: dict[str, float] = {}
+        # Set while the outbox is being flushed: a write queued meanwhile waits for the next
+        # flush instead of starting one of its own, so that nothing recurses job after job.
+        self.flushing = False
         self._mp = multiprocessing.get_context("spawn")
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -200,7 +225,6 @@ class Supervisor:
         try:
             self.slots = [self._spawn(i) for i in range(self.concurrency)]
             self._heartbeat()
-            self._recover_earlier_boots()
             while not self._finished():
                 self._step()
             return 1 if self.hard_stop else 0
@@ -261,7 +285,7 @@ class Supervisor:
             self._flush_outbox()
         if now >= self.next_heartbeat:
             self._heartbeat()
-        if not self.recovered:
+        if not self.recovered and now >= self.db_retry_at:
             self._recover_earlier_boots()
         if now >= self.next_poll:
             self.queue_may_have_work = True
@@ -303,18 +327,30 @@ class Supervisor:
             slot = self._free_slot()
             if slot is None:
                 return
+            skip = self._skip_tasks()
             job = self._db_call(
-                "claim", lambda c: transitions.claim(c, self.worker_id, self.queues)
+                "claim",
+                lambda c, skip=skip: transitions.claim(c, self.worker_id, self.queues, skip),
             )
             if job is _FAILED:
                 return
+            handed_back = job is not None and job.task not in registry
             self._claimed(slot, job)
+            if handed_back:
+                # Back to the loop between two of them, so that however many there are,
+                # heartbeats and executors are served in between; the next claim comes at once.
+                return
 
     def _claimed(self, slot: Slot, job: ClaimedJob | None) -> None:
         """Start a claimed job in ``slot``; or, if the queue had none, wait for the next poll."""
         if job is None:
             self.queue_may_have_work = False
             self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
+            return
+        if job.task not in registry:
+            # Never hand an executor a name it would have to import. A worker that has the task
+            # may exist (a rolling deploy): hand the job back without counting the attempt.
+            self._hand_back(job)
             return
         self.stats.claimed += 1
         self._start(slot, job)
@@ -329,10 +365,6 @@ class Supervisor:
             job.max_attempts,
             extra={**_job_fields(job, self.worker_id), "event": "claim"},
         )
-        if job.task not in registry:
-            # Never hand an executor a name it would have to import: fail the attempt here.
-            self._record(job, Report(job.id, Outcome.ERROR, error=str(_unknown(job.task))), 0.0)
-            return
         holder = next((s for s in self.slots if s.job is not None and s.job.id == job.id), None)
         if holder is not None and holder is not slot:
             # This worker still runs the job under an older lease, which this claim proves lost
@@ -377,6 +409,8 @@ class Supervisor:
         moments = [self.next_heartbeat]
         if not self.queue_may_have_work or not self._can_claim():
             moments.append(self.next_poll)
+        elif self._free_slot() is not None:
+            moments.append(now)
         if self.outbox:
             soonest = min(write.retry_at for write in self.outbox)
             moments.append(max(self.db_retry_at, soonest))
@@ -577,7 +611,7 @@ class Supervisor:
                 then = None
             else:
                 ended, claimed = transitions.finish_and_claim(
-                    cursor, job.lease, outcome, self.queues, **options
+                    cursor, job.lease, outcome, self.queues, self._skip_tasks(), **options
                 )
                 then = functools.partial(self._claimed, slot, claimed)
             if ended is None:
@@ -608,11 +642,13 @@ class Supervisor:
             # The outcome itself cannot be stored (text PostgreSQL refuses, say): record a plain
             # error that says so, rather than leave the job running with nobody to finish it.
             reason = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
-            error = _storable(f"the worker could not record outcome {outcome}: {reason}")[:2000]
+            error = storable_text(f"the worker could not record outcome {outcome}: {reason}"[:2000])
             plain = {"error": error, "retryable": False, "retry_delay": 0.0}
             return self._finish_write(job, Outcome.ERROR, plain, elapsed, fallback=False)
 
-        return Write(f"finish job {job.id}", write, job.id, plain_error if fallback else None)
+        if fallback:
+            return Write(f"finish job {job.id}", write, job.id, plain_error)
+        return Write(f"finish job {job.id}", write, job.id, droppable=False)
 
     def _queue_settle(self, job_id: int) -> None:
         # After the finish has committed, in statements of their own (workflows.py).
@@ -687,6 +723,66 @@ class Supervisor:
         self.outbox.append(Write(f"release job {lease.job_id}", write, lease.job_id))
         self._flush_outbox()
 
+    def _hand_back(self, job: ClaimedJob) -> None:
+        """Give back a job whose task this worker has not registered (transitions.hand_back);
+        end it in error once it has waited JOBS_UNKNOWN_TASK_TIMEOUT for a worker that has."""
+        give_up_after = conf.unknown_task_timeout()
+
+        def write(cursor: Any) -> None:
+            handed = transitions.hand_back(
+                cursor,
+                job.lease,
+                job.task,
+                give_up_after=give_up_after,
+                worker_timeout=self.worker_timeout,
+                seen_since=self.missing_since.get(job.task),
+            )
+            verdict = handed.verdict if handed is not None else None
+            if handed is not None:
+                self.missing_since.setdefault(job.task, handed.missing_since)
+            if verdict == transitions.HANDED_BACK:
+                self.missing_tasks[job.task] = time.monotonic() + conf.unknown_task_delay()
+                self._handed_back(job.task)
+            elif verdict == transitions.EXPIRED:
+                error = (
+                    f"{_unknown(job.task)} No live worker has registered it for"
+                    f" {give_up_after:g}s (JOBS_UNKNOWN_TASK_TIMEOUT)."
+                )
+                options = {"error": error[:2000], "retryable": False, "retry_delay": 0.0}
+                self._queue_finish(job, Outcome.ERROR, options, 0.0)
+            else:
+                self._lease_lost(job, "could not hand it back")
+
+        self.unwritten.add(job.id)
+        self.outbox.append(Write(f"hand back job {job.id}", write, job.id))
+        self._flush_outbox()
+
+    def _skip_tasks(self) -> list[str]:
+        """The tasks whose jobs claims pass over for now: those this worker has just handed
+        back a job of. Once the pause is over it looks again, to give up on jobs that no worker
+        has taken for JOBS_UNKNOWN_TASK_TIMEOUT."""
+        now = time.monotonic()
+        for task, until in list(self.missing_tasks.items()):
+            if until <= now:
+                del self.missing_tasks[task]
+        return sorted(self.missing_tasks)
+
+    def _handed_back(self, task: str) -> None:
+        # A line per task a minute, not one per job: a deploy may hand back thousands.
+        self.handed_back[task] += 1
+        now = time.monotonic()
+        if now - self.handed_back_logged_at.get(task, float("-inf")) < 60:
+            return
+        self.handed_back_logged_at[task] = now
+        logger.warning(
+            "handed back %d job(s) of task %r: it is not registered in this worker, which passes"
+            " over its jobs for %gs at a time; a worker that has it runs them",
+            self.handed_back.pop(task),
+            task,
+            conf.unknown_task_delay(),
+            extra={"worker_id": self.worker_id, "task": task, "event": "hand_back"},
+        )
+
     def _recover_earlier_boots(self) -> None:
         """Recover jobs left running by an earlier boot of this worker's name on this host (a
         container restarted in its pod keeps the pod name): that boot is certainly gone."""
@@ -755,7 +851,18 @@ class Supervisor:
     def _flush_outbox(self) -> None:
         """Make the writes that are due, oldest first. A write that fails waits on its own
         backoff while the others go on; only an outage (the connection is gone) stops them all,
-        until the connection's backoff has passed."""
+        until the connection's backoff has passed. A write queued meanwhile (by what a write
+        does next: start the job claimed with a finish, say) waits for the next flush, so that
+        nothing recurses job after job."""
+        if self.flushing:
+            return
+        self.flushing = True
+        try:
+            self._flush_due_writes()
+        finally:
+            self.flushing = False
+
+    def _flush_due_writes(self) -> None:
         for write in list(self.outbox):
             now = time.monotonic()
             if now < self.db_retry_at:
@@ -780,7 +887,7 @@ class Supervisor:
 
     def _write_failed(self, write: Write) -> None:
         write.failures += 1
-        write.retry_at = time.monotonic() + _backoff(write.failures)
+        write.retry_at = time.monotonic() + backoff(write.failures)
         if self.last_error_transient or write.failures < 5:
             return  # a bounded wait ran out: try again, for as long as it takes
         # Not an outage but a write that keeps failing: do something simpler, or give up.
@@ -792,7 +899,7 @@ class Supervisor:
                 write.failures,
             )
             self.outbox[index] = write.fallback(self.last_db_error)
-        else:
+        elif write.droppable:
             logger.error("giving up on %s after %d failures", write.description, write.failures)
             del self.outbox[index]
             self._written(write.job_id)
@@ -868,19 +975,23 @@ class Supervisor:
                 )
                 return _FAILED
             self.db_failures += 1
-            delay = _backoff(self.db_failures)
+            delay = backoff(self.db_failures, OUTAGE_RETRY_CAP)
             self.db_retry_at = time.monotonic() + delay
-            logger.log(
-                logging.WARNING if self.last_error_transient else logging.ERROR,
-                "database error during %s (%s: %s); retrying in %.1fs",
-                description,
-                type(exc).__name__,
-                _first_line(exc),
-                delay,
-            )
+            unlogged = self.db_complaints.due(exc)
+            if unlogged is not None:
+                logger.log(
+                    logging.WARNING if self.last_error_transient else logging.ERROR,
+                    "database error during %s (%s: %s); retrying in %.1fs%s",
+                    description,
+                    type(exc).__name__,
+                    _first_line(exc),
+                    delay,
+                    f" ({unlogged} more failed tries since the last report)" if unlogged else "",
+                )
             return _FAILED
         if self.db_failures:
             logger.info("database reachable again after %d failed attempt(s)", self.db_failures)
+            self.db_complaints.reset()
         self.db_failures = 0
         self.db_retry_at = 0.0
         return result
@@ -955,12 +1066,6 @@ _AGAIN: Any = object()
 SETTLE_SLICE = 0.05
 
 
-def _backoff(failures: int) -> float:
-    """Seconds to wait after the ``failures``-th failure in a row: doubling from about half a
-    second up to 30 s, with jitter so that many workers do not retry in step."""
-    return min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
-
-
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
@@ -969,12 +1074,6 @@ def _unknown(task: str) -> Exception:
     from django_jobs.exceptions import UnknownTask
 
     return UnknownTask(task)
-
-
-def _storable(text: str) -> str:
-    """``text`` with what PostgreSQL cannot store in a text column (NUL, lone surrogates)
-    written out as escapes."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _job_fields(job: ClaimedJob, worker_id: str) -> dict[str, Any]:

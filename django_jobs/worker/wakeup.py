@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,12 @@ from typing import Any
 import psycopg
 
 from django_jobs import conf, db
-from django_jobs.worker.connection import connection_params
+from django_jobs.worker.connection import (
+    OUTAGE_RETRY_CAP,
+    Complaints,
+    backoff,
+    connection_params,
+)
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -32,6 +36,7 @@ class Wakeup:
         self.conn: psycopg.Connection[Any] | None = None
         self.retry_at = 0.0
         self.failures = 0
+        self.complaints = Complaints()
 
     def _connect(self) -> None:
         url = conf.listen_database_url()
@@ -53,6 +58,7 @@ class Wakeup:
             return
         if self.failures:
             logger.info("LISTEN connection is back; waking on notifications again")
+            self.complaints.reset()
         self.failures = 0
 
     def fileno(self) -> int | None:
@@ -80,13 +86,16 @@ class Wakeup:
     def _failed(self, exc: BaseException) -> None:
         self.close()
         self.failures += 1
-        delay = min(30.0, 0.5 * 2 ** min(self.failures, 6)) * random.uniform(0.5, 1.0)
+        delay = backoff(self.failures, OUTAGE_RETRY_CAP)
         self.retry_at = time.monotonic() + delay
-        logger.warning(
-            "LISTEN connection unavailable (%s); polling, reconnecting in %.1fs",
-            str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
-            delay,
-        )
+        unlogged = self.complaints.due(exc)
+        if unlogged is not None:
+            logger.warning(
+                "LISTEN connection unavailable (%s); polling, reconnecting in %.1fs%s",
+                str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
+                delay,
+                f" ({unlogged} more failed tries since the last report)" if unlogged else "",
+            )
 
     def close(self) -> None:
         if self.conn is not None:

@@ -188,3 +188,27 @@ def spawner(context: JobContext, count: int, pause: float, queue: str = "default
             return f"refused after {i}: {exc}"
         time.sleep(pause)
     return "spawned all"
+
+
+@job(name="tests.unstorable", max_attempts=1)
+def unstorable(kind: str) -> Any:
+    """Return or raise text PostgreSQL cannot store as it is (NUL, a lone surrogate)."""
+    text = {"nul": "a\x00b", "surrogate": "a\ud800b"}[kind.removeprefix("raise_")]
+    if kind.startswith("raise_"):
+        raise ValueError(f"bad bytes: {text}")
+    return {"text": text, f"key {text}": [text, 1]}
+
+
+@job(name="tests.deep_result", max_attempts=3)
+def deep_result(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+if os.environ.get("TESTJOBS_NEW_RELEASE"):
+    # A task that only the workers of a newer release have (tests of rolling deploys).
+    @job(name="tests.new_in_this_release", max_attempts=1)
+    def new_in_this_release(n: int = 0) -> int:
+        return n
