@@ -134,11 +134,43 @@ def liveness_check_path() -> str:
     return str(_get("JOBS_LIVENESS_CHECK", "django_jobs.liveness.HeartbeatLiveness"))
 
 
+KUBERNETES_OPTIONS = frozenset(
+    {
+        "api_url",
+        "token",
+        "ca_file",
+        "verify",
+        "allow_insecure_http",
+        "kubeconfig",
+        "namespace",
+        "label_selector",
+        "container",
+    }
+)
+
+
 def kubernetes_options() -> dict[str, Any]:
-    """``JOBS_KUBERNETES``: options of ``KubernetesLiveness`` (``api_url``, ``token``,
-    ``namespace``, ``label_selector``, ``ca_file``, ``verify``, ``kubeconfig``). Default ``{}``:
-    use the pod's service account."""
-    return dict(_get("JOBS_KUBERNETES", {}))
+    """``JOBS_KUBERNETES``: options of ``KubernetesLiveness``, a dict. Default ``{}``: use the
+    pod's service account, else the kubeconfig.
+
+    - ``api_url``, ``token``: the API server and a bearer token, instead of the service account.
+    - ``ca_file`` (default: the system's CAs), ``verify`` (default True): how ``api_url``'s
+      certificate is checked.
+    - ``allow_insecure_http`` (default False): send ``token`` to an ``http://`` ``api_url``,
+      in clear text. Without it, that is refused with ``ImproperlyConfigured``.
+    - ``kubeconfig`` (default ``KUBECONFIG``, then ``~/.kube/config``): used outside a pod.
+    - ``namespace`` (default: the service account's, the kubeconfig context's, or
+      ``"default"``) and ``label_selector`` (default: none): which pods are listed.
+    - ``container`` (default: the pod's ``kubectl.kubernetes.io/default-container``
+      annotation, else its first container): the worker's container, whose restarts count."""
+    options = dict(_get("JOBS_KUBERNETES", {}))
+    unknown = set(options) - KUBERNETES_OPTIONS
+    if unknown:
+        raise ImproperlyConfigured(
+            f"JOBS_KUBERNETES has unknown keys {sorted(unknown)}; use "
+            f"{', '.join(repr(k) for k in sorted(KUBERNETES_OPTIONS))}"
+        )
+    return options
 
 
 def listen() -> bool:

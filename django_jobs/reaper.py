@@ -4,22 +4,28 @@ Each job is handled in its own short statement with SKIP LOCKED, and the reason 
 inside it (see :func:`django_jobs.transitions.reap`), so the reaper never touches a job that
 finished, was re-claimed, or whose worker turned out to be alive. A reaped attempt ends ``lost``
 (or ``timeout``); the job is retried while attempts remain, and ends ``error`` otherwise.
+
+:func:`reap` is one pass; :func:`reap_loop` runs passes until told to stop, and outlasts a
+database restart or failover.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_jobs import conf, db, transitions, workflows
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
 from django_jobs.transitions import RunningJob
+from django_jobs.worker.connection import is_connection_fatal
 
 logger = logging.getLogger("django_jobs.reaper")
 
@@ -82,7 +88,8 @@ def end_attempts(
     dry_run: bool = False,
     emit: Callable[[str], None] | None = None,
 ) -> list[ReapAction]:
-    """Reap each ``(job, outcome, reason, silence)`` in its own statement; report each."""
+    """Reap each ``(job, outcome, reason, silence)`` in its own statement; report each: to
+    ``emit`` if given (a command's output), else to the log."""
     actions = []
     grace = conf.timeout_grace()
     for job, outcome, reason, silence in candidates:
@@ -112,6 +119,9 @@ def end_attempts(
         action = ReapAction(job, outcome, reason, state, delay)
         actions.append(action)
         line = action.describe(dry_run)
+        if emit:
+            emit(line)
+            continue
         logger.warning(
             line,
             extra={
@@ -126,8 +136,6 @@ def end_attempts(
                 "duration": None if job.running_for is None else round(job.running_for, 3),
             },
         )
-        if emit:
-            emit(line)
     return actions
 
 
@@ -137,7 +145,8 @@ def reap(
     liveness: LivenessCheck | None = None,
     emit: Callable[[str], None] | None = None,
 ) -> ReapReport:
-    """One pass of the reaper over every running job."""
+    """One pass of the reaper over every running job. Each job's line goes to ``emit`` if
+    given, else to the log."""
     liveness = liveness or liveness_check()
     grace = conf.timeout_grace()
     report = ReapReport(dry_run=dry_run)
@@ -146,9 +155,10 @@ def reap(
             report.repaired = workflows.repair(cursor)
             for job_id in report.repaired:
                 line = f"settled job {job_id}: it was waiting with nothing left to wait for"
-                logger.warning(line, extra={"job_id": job_id})
                 if emit:
                     emit(line)
+                else:
+                    logger.warning(line, extra={"job_id": job_id})
         running = transitions.running_jobs(cursor, grace)
         if not running:
             return report
@@ -167,3 +177,68 @@ def reap(
             for worker_id, verdict in sorted(verdicts.items()):
                 transitions.delete_worker_if_idle(cursor, worker_id, verdict.silence)
     return report
+
+
+#: The longest wait between two passes while the database stays unreachable (unless the
+#: interval is longer).
+MAX_RETRY_DELAY = 60.0
+
+
+def reap_loop(
+    interval: float,
+    stop: threading.Event,
+    *,
+    dry_run: bool = False,
+    emit: Callable[[str], None] | None = None,
+    on_pass: Callable[[ReapReport], None] | None = None,
+) -> None:
+    """Run a pass of :func:`reap` every ``interval`` seconds until ``stop`` is set; hand each
+    pass's report to ``on_pass``.
+
+    A pass that fails because the database went away or refused for now (a restart, a failover,
+    a wait running out) logs one warning and closes the connection; the next pass comes after
+    the interval, doubling while the failures go on, up to :data:`MAX_RETRY_DELAY`. Any other
+    error ends the loop: trying again cannot mend it.
+    """
+    failures = 0
+    while True:
+        try:
+            report = reap(dry_run=dry_run, emit=emit)
+        except DatabaseError as exc:
+            if not database_unavailable(exc):
+                raise
+            failures += 1
+            delay = min(interval * 2 ** min(failures - 1, 16), max(interval, MAX_RETRY_DELAY))
+            # The next pass reconnects; a broken connection would fail it again.
+            with contextlib.suppress(DatabaseError):
+                connections[conf.database_alias()].close()
+            logger.warning(
+                "reaper pass failed (%s: %s); trying again in %.1fs",
+                type(exc).__name__,
+                _first_line(exc),
+                delay,
+            )
+        else:
+            if failures:
+                logger.info("database reachable again after %d failed pass(es)", failures)
+            failures = 0
+            delay = interval
+            if on_pass:
+                on_pass(report)
+        if stop.wait(delay):
+            return
+
+
+def database_unavailable(exc: DatabaseError) -> bool:
+    """Whether ``exc`` says that the database cannot serve the reaper for now (its connection
+    broke, it is shutting down or read-only, a bounded wait ran out), rather than a fault that
+    trying again cannot mend."""
+    # Django wraps the driver's error; a read-only server (25006) is not an OperationalError.
+    return isinstance(exc, OperationalError | InterfaceError) or is_connection_fatal(
+        exc.__cause__ or exc
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import logging as jobs_logging
 from django_jobs.management.arguments import seconds
-from django_jobs.reaper import logger, reap
+from django_jobs.reaper import ReapReport, logger, reap, reap_loop
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
         "Recover running jobs whose worker is gone (no heartbeat within JOBS_WORKER_TIMEOUT, or "
         "per JOBS_LIVENESS_CHECK) or that ran past their timeout: retry them while attempts "
         "remain, else mark them error. Runs once; schedule it (cron, a Kubernetes CronJob) or "
-        "use --loop."
+        "use --loop, which outlasts database restarts."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -35,17 +35,24 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         as_json = options["log_format"] == "json"
-        # Text: one line per job on stdout. JSON: the same events as structured log records.
-        jobs_logging.configure("INFO" if as_json else "ERROR", options["log_format"])
-        stop = threading.Event()
-        if options["loop"]:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: stop.set())
-        while True:
-            report = reap(dry_run=options["dry_run"], emit=None if as_json else self.stdout.write)
+        # Text: a line per job and a summary per pass on stdout, and on stderr the log of what
+        # befell the passes (the database or the Kubernetes API out of reach). JSON: all of it
+        # as structured log records.
+        jobs_logging.configure("INFO", options["log_format"])
+        emit = None if as_json else self.stdout.write
+
+        def summarize(report: ReapReport) -> None:
             if as_json:
                 logger.info(report.summary())
             else:
                 self.stdout.write(report.summary())
-            if not options["loop"] or stop.wait(options["interval"]):
-                return
+
+        if not options["loop"]:
+            summarize(reap(dry_run=options["dry_run"], emit=emit))
+            return
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        reap_loop(
+            options["interval"], stop, dry_run=options["dry_run"], emit=emit, on_pass=summarize
+        )
