@@ -9,6 +9,7 @@ Speed at millions of rows: the list never runs a full ``COUNT(*)`` (see
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -47,6 +49,25 @@ class EstimatedCountPaginator(Paginator):
             return exact
         plan = json.loads(queryset.order_by().explain(format="json"))
         return max(int(plan[0]["Plan"]["Plan Rows"]), exact)
+
+
+#: The largest id a job can have (``id`` is a bigint).
+MAX_JOB_ID = 2**63 - 1
+
+
+def job_id(text: str) -> int | None:
+    """``text`` read as a job id (``"42"`` or ``"#42"``), or None. Only ASCII digits count:
+    ``str.isdigit`` also accepts ``"²"``, which ``int()`` refuses, and ``int()`` accepts ``"٣"``."""
+    digits = text.removeprefix("#")
+    if not re.fullmatch(r"[0-9]{1,19}", digits) or int(digits) > MAX_JOB_ID:
+        return None
+    return int(digits)
+
+
+def storable(text: str) -> bool:
+    """Whether a PostgreSQL text column could hold ``text``: none holds a NUL character or a lone
+    surrogate, so a term with one matches nothing (and the driver would refuse to send it)."""
+    return "\x00" not in text and not re.search("[\ud800-\udfff]", text)
 
 
 def badge(state: str, label: str | None = None) -> SafeString:
@@ -126,9 +147,14 @@ class ParentFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return []
 
+    def has_output(self) -> bool:
+        # Django drops a filter without choices, unapplied: this one applies when it is in the
+        # query string, and is shown then, to be cleared.
+        return self.value() is not None
+
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = self.value()
-        return queryset.filter(parent_id=int(value)) if value and value.isdigit() else queryset
+        parent = job_id(self.value() or "")
+        return queryset if parent is None else queryset.filter(parent_id=parent)
 
 
 class AttemptInline(admin.TabularInline):
@@ -280,10 +306,25 @@ class JobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if not storable(term):
+            return queryset.none(), False
         condition = Q(task__startswith=term) | Q(worker_id__startswith=term) | Q(unique_key=term)
-        if term.lstrip("#").isdigit():
-            condition |= Q(pk=int(term.lstrip("#")))
+        if (pk := job_id(term)) is not None:
+            condition |= Q(pk=pk)
         return queryset.filter(condition), False
+
+    #: Fields the job page shows masked, or not at all.
+    MASKED_FIELDS = {"args", "kwargs", "result", "error", "lease"}
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Every parameter of the list's query string, the filters' own included, comes here;
+        what it refuses is answered with a 400."""
+        # Django lets the list be filtered on any column, but a filter on a masked value would
+        # reveal it a letter at a time (?kwargs__password__startswith=h). (Lookups through a
+        # relation it refuses itself.) A value PostgreSQL cannot hold would fail in the driver.
+        if lookup.split(LOOKUP_SEP)[0] in self.MASKED_FIELDS or not storable(value):
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are enqueued by code, never typed in
@@ -565,6 +606,12 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_urls(self) -> list[URLPattern]:
+        # The dashboard is one page. Django's pages per object would show a job's payload as
+        # the proxy model's fields, unmasked: they do not exist here (the job page shows it).
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from django.apps import apps
+from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -106,6 +108,16 @@ def test_search_by_id_task_prefix_worker_and_unique_key(superuser) -> None:
     ]:
         result = list(superuser.get(CHANGELIST, {"q": term}).context["cl"].result_list)
         assert expected in result, term
+
+
+def test_the_parent_filter_lists_a_jobs_children(superuser) -> None:
+    parent = JobFactory()
+    children = JobFactory.create_batch(2, parent=parent)
+    JobFactory()
+    response = superuser.get(CHANGELIST, {"parent": parent.pk})
+    changelist = response.context["cl"]
+    assert list(changelist.result_list) == children[::-1]
+    assert "parent" in [spec.title for spec in changelist.filter_specs]  # shown, to be cleared
 
 
 def test_retry_requeues_failed_jobs_and_reports_what_it_skipped(superuser) -> None:
@@ -308,3 +320,93 @@ def test_the_dashboard_needs_the_view_permission() -> None:
     client = Client()
     client.force_login(nobody)
     assert client.get(DASHBOARD).status_code == 403
+
+
+NASTY_SEARCHES = [
+    "#²",
+    "²",
+    "①",
+    "#",
+    "##",
+    "#-1",
+    "-1",
+    "#99999999999999999999999",
+    "9223372036854775808",  # one past the largest bigint
+    "9223372036854775807",
+    "\x00",
+    "tests.\x00echo",
+    "x" * 100_000,
+    "%",
+    "_",
+    "'",
+    '"',
+    "\\",
+    "٣",
+    "#٣",
+    "\U0001d7d7",  # MATHEMATICAL BOLD DIGIT NINE, which int() reads as 9
+    "\u202e",
+    " \t\n",
+]
+# Every list of the app in the admin.
+CHANGELISTS = [
+    reverse(f"admin:django_jobs_{model._meta.model_name}_changelist")
+    for model in apps.get_app_config("django_jobs").get_models()
+    if admin.site.is_registered(model)
+]
+
+
+@pytest.mark.parametrize("url", CHANGELISTS)
+@pytest.mark.parametrize("term", NASTY_SEARCHES, ids=ascii)
+def test_no_search_term_makes_a_list_fail(superuser, url, term) -> None:
+    JobFactory(task="tests.echo")
+    assert superuser.get(url, {"q": term}).status_code == 200
+
+
+@pytest.mark.parametrize("url", CHANGELISTS)
+def test_undecodable_search_bytes_do_not_make_a_list_fail(superuser, url) -> None:
+    # A lone surrogate (here in the bytes UTF-8 would give it) and bytes that are not UTF-8
+    # at all: the client cannot encode a lone surrogate itself.
+    for raw in ("%ED%A0%80", "%FF", "%C0%80", "%00"):
+        assert superuser.get(f"{url}?q={raw}").status_code == 200, raw
+
+
+@pytest.mark.parametrize("term", NASTY_SEARCHES, ids=ascii)
+def test_no_search_term_makes_the_autocomplete_fail(superuser, term) -> None:
+    JobFactory(task="tests.echo")
+    query = {"app_label": "django_jobs", "model_name": "job", "field_name": "parent", "term": term}
+    assert superuser.get(reverse("admin:autocomplete"), query).status_code == 200
+
+
+@pytest.mark.parametrize("parameter", ["state", "queue", "task", "created", "finished", "parent"])
+@pytest.mark.parametrize("value", ["²", "#²", "-1", "99999999999999999999999", "x" * 10_000])
+def test_no_filter_value_makes_the_list_fail(superuser, parameter, value) -> None:
+    JobFactory(task="tests.echo")
+    assert superuser.get(CHANGELIST, {parameter: value}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "parameter", ["state", "queue", "task", "parent", "worker_id", "task__startswith", "id"]
+)
+def test_a_nul_in_a_filter_is_a_bad_request(superuser, parameter) -> None:
+    """PostgreSQL text cannot hold a NUL, and the driver refuses to send one."""
+    assert superuser.get(CHANGELIST, {parameter: "a\x00b"}).status_code == 400
+
+
+def test_a_search_by_id_takes_ascii_digits_only(superuser) -> None:
+    job = JobFactory(task="tests.echo")
+    arabic_indic = str(job.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    for term in (str(job.pk), f"#{job.pk}"):
+        assert list(superuser.get(CHANGELIST, {"q": term}).context["cl"].result_list) == [job]
+    for term in (f"#{job.pk}²", arabic_indic, f"#{arabic_indic}"):
+        assert list(superuser.get(CHANGELIST, {"q": term}).context["cl"].result_list) == []
+
+
+def test_a_lone_surrogate_finds_nothing() -> None:
+    """PostgreSQL text cannot hold one (nor a NUL), so no job matches it. (Through HTTP, Django
+    decodes none; other callers of the search pass it the term as they got it.)"""
+    JobFactory(task="tests.echo")
+    job_admin = admin.site.get_model_admin(Job)
+    request = RequestFactory().get("/")
+    for term in ("\ud800", "tests.\udfff", "tests.\x00"):
+        queryset, _ = job_admin.get_search_results(request, Job.objects.all(), term)
+        assert list(queryset) == [], ascii(term)
