@@ -12,12 +12,18 @@ and ``DJANGO_JOBS_DJANGO`` a Django requirement to install instead (e.g. ``djang
 With ``DATABASE_URL`` unset it starts an embedded PostgreSQL in ``.pgdata/`` (from the
 ``pgserver`` package) and stops it afterwards; with ``DATABASE_URL`` set it uses that server,
 creating the database if it does not exist.
+
+For the test suite it installs what the pgbouncer and browser tests run, Debian's ``pgbouncer``
+and ``chromium``, where it can (as root, with apt-get); elsewhere the suite skips those tests and
+says so in one line, with the command that installs them. It first stops, by pid, any pgbouncer
+that an earlier, killed test run of this checkout left behind (tests/pgbouncer.py records them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +34,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("DJANGO_JOBS_VENV", ROOT / ".venv"))
 PGDATA = ROOT / ".pgdata"
+
+#: What the pgbouncer and browser tests run: Debian package -> the program it installs.
+TEST_PROGRAMS = {"pgbouncer": "/usr/sbin/pgbouncer", "chromium": "/usr/bin/chromium"}
 
 
 def say(message: str) -> None:
@@ -65,6 +74,40 @@ def ensure_venv() -> None:
         check=True,
     )
     stamp.write_text(wanted)
+
+
+def install_test_programs() -> None:
+    """Install the Debian packages some tests need, where this can (as root, with apt-get).
+
+    Elsewhere tests/conftest.py skips the tests that need them and prints the command.
+    """
+    missing = [
+        package
+        for package, program in TEST_PROGRAMS.items()
+        if not (shutil.which(package) or Path(program).exists())
+    ]
+    if not missing or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    say(f"installing {' and '.join(missing)} (Debian's) for the tests that run them")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # A failure leaves them missing: the suite then skips those tests and says why.
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", *missing],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def stop_leftover_pgbouncers() -> None:
+    """Stop the pgbouncers that killed test runs of this checkout left behind (they would hold
+    the test database open): those recorded in .pids/, by pid, and nothing else."""
+    sys.path.insert(0, str(ROOT))
+    from tests import pgbouncer
+
+    for pid in pgbouncer.stop_leftovers():
+        say(f"stopped pgbouncer {pid}, left behind by an earlier test run")
 
 
 class EmbeddedPostgres:
@@ -143,6 +186,7 @@ def inside(command: str, extra: list[str]) -> int:
             manage("migrate", "--verbosity", "0")
             manage("rundemo", *extra)
             return 0
+        stop_leftover_pgbouncers()
         say("running the test suite")
         return subprocess.run(
             [sys.executable, "-m", "pytest", *extra], cwd=ROOT, check=False
@@ -159,6 +203,8 @@ def main() -> int:
     if sys.argv[1] == "_inside":
         return inside(sys.argv[2], sys.argv[3:])
     ensure_venv()
+    if sys.argv[1] == "test":
+        install_test_programs()
     python = str(venv_python())
     return subprocess.run([python, __file__, "_inside", *sys.argv[1:]], check=False).returncode
 

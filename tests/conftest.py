@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,55 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests import pgbouncer as pgbouncer_launcher
+
 ROOT = Path(__file__).resolve().parent.parent
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+#: The tests that use these fixtures run a program from a Debian package: fixture -> (package,
+#: is its program installed). ``scripts/dev.py test`` installs the packages where it can (as
+#: root, with apt-get); elsewhere those tests are skipped, and the run says so once, up front.
+NEEDS_DEBIAN_PACKAGE = {
+    "pgbouncer": ("pgbouncer", pgbouncer_launcher.installed),
+    "browser": ("chromium", lambda: Path(CHROMIUM).exists()),
+}
+
+
+def not_installed(items: list[pytest.Item]) -> dict[str, list[pytest.Item]]:
+    """The packages missing for some of ``items``, each with the items that need it."""
+    missing = {}
+    for fixture, (package, installed) in NEEDS_DEBIAN_PACKAGE.items():
+        needing = [item for item in items if fixture in getattr(item, "fixturenames", ())]
+        if needing and not installed():
+            missing[package] = needing
+    return missing
+
+
+def install_command(packages: list[str]) -> str:
+    return ("" if os.geteuid() == 0 else "sudo ") + "apt-get install " + " ".join(packages)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    missing = not_installed(items)
+    if not missing:
+        return
+    if os.environ.get("CI"):
+        command = install_command(list(missing))
+        raise pytest.UsageError(f"CI runs every test; install what some need: {command}")
+    for package, needing in missing.items():
+        reason = f"{package} is not installed: {install_command([package])}"
+        for item in needing:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_report_collectionfinish(items: list[pytest.Item]) -> list[str]:
+    missing = not_installed(items)
+    if not missing:
+        return []
+    count = len({item.nodeid for needing in missing.values() for item in needing})
+    tests = "1 test that needs" if count == 1 else f"{count} tests that need"
+    return [f"skipping {tests} {' or '.join(missing)}: {install_command(list(missing))}"]
 
 
 def pytest_report_header() -> str:

@@ -6,27 +6,20 @@ Screenshots land in ``artifacts/screenshots/``.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 
 from django_jobs.models import Job
-from tests.conftest import ROOT
+from tests.conftest import CHROMIUM, ROOT
 from tests.factories import AttemptFactory, JobFactory
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = ROOT / "artifacts" / "screenshots"
 
 playwright_api = pytest.importorskip("playwright.sync_api")
+# Without chromium, tests/conftest.py skips every test that uses the browser fixture.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-if not Path(CHROMIUM).exists():
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; .ci/run installs Debian's chromium")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 
 @pytest.fixture

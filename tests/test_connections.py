@@ -3,7 +3,7 @@ transaction-pooling mode in front of the test database."""
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import signal
 import subprocess
@@ -12,6 +12,8 @@ import textwrap
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import pytest
 from django.db import connection
@@ -84,13 +86,24 @@ def test_a_lock_timeout_delays_a_finish_but_never_fails_the_job(start_worker) ->
     assert "lock timeout" in worker.output
 
 
-def test_a_multi_host_url_reaches_the_writable_server(start_worker, worker_env) -> None:
+def test_a_multi_host_url_reaches_the_writable_server(start_worker, tmp_path) -> None:
     s = connection.settings_dict
-    closed = pgbouncer_launcher.free_port()
-    url = (
-        f"postgres://{s['USER']}@127.0.0.1:{closed},{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
-        f"/{s['NAME']}?target_session_attrs=read-write"
+    host = s["HOST"] or s["OPTIONS"].get("host") or "127.0.0.1"
+    port = str(s["PORT"] or s["OPTIONS"].get("port") or 5432)
+    # The first host has no server: a closed port, or for a server on a Unix socket (the
+    # embedded PostgreSQL), a socket directory with no socket in it.
+    if host.startswith("/"):
+        nowhere = (str(tmp_path), port)
+    else:
+        nowhere = ("127.0.0.1", str(pgbouncer_launcher.free_port()))
+    query = urlencode(
+        {
+            "host": f"{nowhere[0]},{host}",
+            "port": f"{nowhere[1]},{port}",
+            "target_session_attrs": "read-write",
+        }
     )
+    url = f"postgres://{quote(s['USER'], safe='')}@/{s['NAME']}?{query}"
     job = echo.enqueue("via the second host")
     worker = start_worker("--burst", env={"DATABASE_URL": url})
     assert worker.wait() == 0, worker.output
@@ -115,21 +128,24 @@ def test_the_job_system_keeps_no_session_state() -> None:
 # ----------------------------------------------------------------------------------- pgbouncer
 
 
-@pytest.fixture(scope="session")
-def pgbouncer() -> Iterator[PgBouncer]:
-    """A real pgbouncer in transaction-pooling mode, with a pool of 3 server connections."""
-    if not pgbouncer_launcher.installed():
-        if os.environ.get("CI"):
-            pytest.fail("pgbouncer is not installed; .ci/run installs Debian's pgbouncer")
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+def upstream() -> dict[str, str]:
+    """The test server for pgbouncer: its host (or Unix socket directory), port and user."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    bouncer = pgbouncer_launcher.start(
-        host=db.get("HOST") or db.get("OPTIONS", {}).get("host") or "127.0.0.1",
-        port=db.get("PORT") or 5432,
-        user=db.get("USER") or "postgres",
-    )
+    return {
+        "host": db.get("HOST") or db.get("OPTIONS", {}).get("host") or "127.0.0.1",
+        "port": str(db.get("PORT") or db.get("OPTIONS", {}).get("port") or 5432),
+        "user": db.get("USER") or "postgres",
+    }
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A real pgbouncer in transaction-pooling mode, with a pool of 3 server connections.
+
+    Without pgbouncer, tests/conftest.py skips the tests that use this fixture."""
+    bouncer = pgbouncer_launcher.start(**upstream())
     yield bouncer
     bouncer.stop()
     # Its server connections may linger a moment; the test database is about to be dropped.
@@ -229,12 +245,68 @@ def test_listen_goes_to_the_server_directly_while_queue_work_goes_through_pgboun
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
     assert started_after_commit(job) < 1.0
 
-    server_ports = {s["local_port"] for s in pgbouncer.console("SHOW SERVERS")}
+    # By backend pid, not client port: over a Unix socket every client port is -1.
+    pooled_backends = {s["remote_pid"] for s in pgbouncer.console("SHOW SERVERS")}
     with connect() as observer:
         listeners = observer.execute(
-            "SELECT client_port FROM pg_stat_activity"
+            "SELECT pid FROM pg_stat_activity"
             " WHERE query ILIKE 'LISTEN%%' AND datname = current_database()"
         ).fetchall()
-    assert len(listeners) == 1 and listeners[0][0] not in server_ports
+    assert len(listeners) == 1 and listeners[0][0] not in pooled_backends
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
+
+
+def test_a_pgbouncer_left_behind_is_stopped_by_its_pid_and_nothing_else_is(pgbouncer) -> None:
+    # A test run killed with its pgbouncer still up: it exits without stopping it.
+    killed_run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from tests import pgbouncer; "
+            "bouncer = pgbouncer.start(*sys.argv[1:]); "
+            "print(bouncer.process.pid, bouncer.directory, flush=True); "
+            "os._exit(0)",  # no atexit, as for a SIGKILL
+            *upstream().values(),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid, directory = killed_run.stdout.split()
+    left_behind = int(pid)
+    assert running(left_behind)
+    # What a pattern kill ("django-jobs-pgbouncer-") would hit too: a tail -f on its log, and
+    # this run's own pgbouncer. And a pid recorded by a run long gone, now another program's.
+    tail = subprocess.Popen(["tail", "-f", f"{directory}/pgbouncer.log"])
+    reused = subprocess.Popen(["sleep", "60"])
+    stale_record = pgbouncer_launcher.PIDS / f"pgbouncer-{reused.pid}.json"
+    stale_record.write_text(
+        json.dumps(
+            {
+                "pid": reused.pid,
+                "started_by": 1,
+                "config": "/tmp/django-jobs-pgbouncer-gone/pgbouncer.ini",
+            }
+        )
+    )
+    try:
+        assert left_behind in pgbouncer_launcher.stop_leftovers()
+        assert not running(left_behind)
+        assert not Path(directory).exists()
+        assert not (pgbouncer_launcher.PIDS / f"pgbouncer-{left_behind}.json").exists()
+        assert tail.poll() is None and reused.poll() is None
+        assert not stale_record.exists()
+        assert pgbouncer.console("SHOW VERSION") and pgbouncer.record.exists()
+    finally:
+        for process in (tail, reused):
+            process.kill()
+            process.wait()
+
+
+def running(pid: int) -> bool:
+    try:
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())  # a zombie's is empty
+    except OSError:
+        return False
