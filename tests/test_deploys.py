@@ -122,12 +122,17 @@ def test_a_worker_started_before_its_database_exists_waits_then_serves(worker_en
         )
     admin = _connect("postgres")
     try:
-        time.sleep(20)
+        time.sleep(2)  # past Django's start-up
+        busy_at_start = _cpu_seconds(worker.pid)
+        time.sleep(18)
         lines = log.read_text().splitlines()
         print(f"{len(lines)} log lines in 20 s without a database:", *lines, sep="\n")
         # The first failure at once, then a line a minute: not hundreds a second.
         assert 1 <= len(lines) <= 6, "\n".join(lines[:50])
         assert worker.poll() is None, log.read_text()
+        # And it waits between tries rather than spin: a fraction of a core, not all of it.
+        busy = _cpu_seconds(worker.pid) - busy_at_start
+        assert busy < 5, f"the worker used {busy:.1f}s of CPU in 20s without a database"
 
         admin.execute(f'CREATE DATABASE "{name}"')
         subprocess.run(
@@ -155,6 +160,12 @@ def test_a_worker_started_before_its_database_exists_waits_then_serves(worker_en
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
         log.unlink(missing_ok=True)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _connect(dbname: str) -> psycopg.Connection:

@@ -407,10 +407,13 @@ class Supervisor:
     def _next_timeout(self) -> float:
         now = time.monotonic()
         moments = [self.next_heartbeat]
-        if not self.queue_may_have_work or not self._can_claim():
-            moments.append(self.next_poll)
-        elif self._free_slot() is not None:
-            moments.append(now)
+        # While claims are held back (a database backoff, no recent heartbeat, stopping), a
+        # poll is no reason to wake: what ends the hold is a moment below, or an event.
+        if self._can_claim():
+            if not self.queue_may_have_work:
+                moments.append(self.next_poll)
+            elif self._free_slot() is not None:
+                moments.append(now)
         if self.outbox:
             soonest = min(write.retry_at for write in self.outbox)
             moments.append(max(self.db_retry_at, soonest))
