@@ -1,4 +1,4 @@
-"""Operators' actions on many jobs: retry, cancel, run now, delete.
+"""Operators' actions: retry, cancel, run now, delete; on many jobs, and on one.
 
 The admin calls these with a queryset, which may be "select all" over a filtered list of a
 million rows. They walk it in keyset-ordered batches of ids, read without locks, and apply one
@@ -26,6 +26,7 @@ from django.db.models import Count, QuerySet
 from django_jobs import conf, prune, transitions, workflows
 from django_jobs.models import Job
 from django_jobs.registry import registry
+from django_jobs.states import RETRY
 
 BATCH = workflows.BATCH
 #: At most this many per-job notes go into an action's message.
@@ -101,7 +102,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
 
     def change(cursor: Any, batch: list[int]) -> transitions.Changes:
         rows = Job.objects.using(conf.database_alias()).filter(
-            pk__in=batch, state__in=["error", "cancelled"]
+            pk__in=batch, state__in=RETRY.sources
         )
         budgets = {}
         for pk, task, max_attempts in rows.values_list("pk", "task", "max_attempts"):
@@ -138,7 +139,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
 def cancel(queryset: QuerySet[Job]) -> ActionReport:
     """Cancel jobs (pending and waiting at once, running ones asked to stop), with cascades."""
 
-    return _apply(queryset, workflows.cancel_batch)
+    return _apply(queryset, workflows.cancel_batch_with_cascade)
 
 
 def run_now(queryset: QuerySet[Job]) -> ActionReport:
@@ -150,3 +151,29 @@ def delete(queryset: QuerySet[Job]) -> ActionReport:
     """Delete finished jobs, with their attempts and dependency rows, a small batch per
     statement (see prune.delete_jobs); unfinished ones are skipped."""
     return _apply(queryset, prune.delete_jobs)
+
+
+# ---------------------------------------------------------------------- one job
+# Job.cancel(), Job.retry() and Job.run_now() call these, through the connection of ``alias``.
+
+
+def cancel_job(alias: str, job_id: int, reason: str = "cancelled") -> str | None:
+    """Cancel one job, with cascades (see :func:`cancel`). Returns its state after the call:
+    ``"cancelled"``, ``"running"`` (asked to stop), or ``None`` if it had already finished."""
+    with connections[alias].cursor() as cursor:
+        changed = workflows.cancel_with_cascade(cursor, [job_id], reason)
+    return changed[0].state if changed else None
+
+
+def retry_job(alias: str, job_id: int, task: str, max_attempts: int) -> bool:
+    """Requeue one job that ended in error or was cancelled, with a fresh budget of attempts
+    (its task's ``max_attempts``, else ``max_attempts``). False if it was not requeued."""
+    budget = registry.max_attempts_for(task, max_attempts)
+    with connections[alias].cursor() as cursor:
+        return transitions.retry(cursor, job_id, budget)
+
+
+def run_job_now(alias: str, job_id: int) -> bool:
+    """Make one pending job ready now. False if it is not pending."""
+    with connections[alias].cursor() as cursor:
+        return transitions.run_now(cursor, job_id)

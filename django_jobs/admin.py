@@ -32,7 +32,7 @@ from django_jobs import actions, conf, dashboard
 from django_jobs.models import Attempt, Dashboard, Job
 from django_jobs.registry import registry
 from django_jobs.sanitize import mask_text, mask_value
-from django_jobs.states import TERMINAL_STATES, State
+from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES, State
 
 
 class EstimatedCountPaginator(Paginator):
@@ -453,11 +453,11 @@ class JobAdmin(admin.ModelAdmin):
         job = self.get_object(request, object_id)
         buttons = []
         if job is not None:
-            if job.state in ("error", "cancelled") and self.has_retry_permission(request):
+            if job.state in RETRY.sources and self.has_retry_permission(request):
                 buttons.append(("Retry", "admin:django_jobs_job_retry"))
-            if job.state not in TERMINAL_STATES and self.has_cancel_permission(request):
+            if job.state in CANCEL.sources and self.has_cancel_permission(request):
                 buttons.append(("Cancel", "admin:django_jobs_job_cancel"))
-            if job.state == "pending" and self.has_run_now_permission(request):
+            if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
                 buttons.append(("Run now", "admin:django_jobs_job_run_now"))
         context = {
             **(extra_context or {}),
@@ -470,7 +470,7 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_badge(self, job: Job) -> SafeString:
         label = job.state
-        if job.state == "running" and job.cancel_requested:
+        if job.state == State.RUNNING and job.cancel_requested:
             label = "running (cancelling)"
         return badge(job.state, label)
 

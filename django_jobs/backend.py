@@ -46,7 +46,7 @@ from django_jobs.exceptions import (
 from django_jobs.registry import BackoffPolicy, registry, validate_options
 from django_jobs.registry import Task as JobTask
 from django_jobs.sanitize import format_exception
-from django_jobs.states import Outcome, State
+from django_jobs.states import UNSUCCESSFUL_OUTCOMES, Outcome, State
 
 if TYPE_CHECKING:
     from django_jobs.context import JobContext
@@ -65,15 +65,14 @@ STATUS: dict[str, Any] = {
 }
 _FINISHED = frozenset({Status.SUCCESSFUL, Status.FAILED})
 
-#: Attempts that ended without an exception from the function, and the class that names each
-#: in a TaskError. (An ``error`` attempt is named by its exception's class.)
+#: Attempts that ended without success and without an exception from the function, and the
+#: class that names each in a TaskError. (An ``error`` attempt is named by its exception's class.)
 _INTERRUPTIONS: dict[str, type[AttemptInterrupted]] = {
     Outcome.TIMEOUT: AttemptTimedOut,
     Outcome.CRASHED: AttemptCrashed,
     Outcome.LOST: AttemptLost,
     Outcome.CANCELLED: AttemptCancelled,
 }
-_FAILED_OUTCOMES = frozenset({Outcome.ERROR, *_INTERRUPTIONS})
 
 OPTIONS = ("max_attempts", "timeout", "retry_backoff")
 
@@ -239,7 +238,7 @@ class JobsBackend(compat.BaseTaskBackend):
             args=job.args,
             kwargs=job.kwargs,
             backend=self.alias,
-            errors=[_task_error(a) for a in attempts if a.outcome in _FAILED_OUTCOMES],
+            errors=[_task_error(a) for a in attempts if a.outcome in UNSUCCESSFUL_OUTCOMES],
             worker_ids=[a.worker_id for a in attempts],
         )
         if status == Status.SUCCESSFUL:

@@ -18,11 +18,11 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_jobs import conf, db
+from django_jobs import conf, db, workflows
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
-from django_jobs.states import ACTIVE_STATES, State, sql_in
+from django_jobs.states import ACTIVE_STATES, ENQUEUE, UNSUCCESSFUL_STATES, State, sql_in
 from django_jobs.storable import may_hold_unstorable, unstorable
 
 logger = logging.getLogger("django_jobs.enqueue")
@@ -148,7 +148,7 @@ _RETURNING = f"""id, state, attempt, run_after, created_at, finished_at, parent_
 
 # run_after is a given timestamp or the database clock plus a delay, never an app clock.
 # now() is the transaction's clock, which the claim compares run_after with.
-_INSERT_ONE = f"""
+_INSERT_ONE = ENQUEUE.statement(f"""
 INSERT INTO django_jobs_job ({_COLUMNS})
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
@@ -159,7 +159,7 @@ VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN {sql_in(ACTIVE_STATES)}
 DO NOTHING
 RETURNING {_RETURNING}
-"""
+""")
 
 # Bulk enqueue writes its rows with COPY, the fastest way into a table. First, in one
 # statement, it takes the rows' ids from the table's identity sequence and the values every row
@@ -176,6 +176,10 @@ SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
 FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
              AS run_after) r
 """
+# Then the rows, in one COPY: their ids, their arguments, and the values they share that differ
+# from the columns' defaults (see enqueue_many).
+_COPY = ENQUEUE.statement("COPY django_jobs_job ({columns}) FROM STDIN")
+
 # The dependencies' states, read without a lock: the enqueueing transaction may stay open for
 # as long as the application likes, and must not hold back the dependencies' finishes (the
 # dependency rows' foreign keys take only FOR KEY SHARE, which a finish does not wait for). A
@@ -222,7 +226,7 @@ def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
             "jobs that already exist (which also rules out cycles)."
         )
     for job_id, state, task in found:
-        if state in (State.ERROR, State.CANCELLED):
+        if state in UNSUCCESSFUL_STATES:
             return (
                 State.CANCELLED.value,
                 f"cancelled: upstream job #{job_id} ({task}) ended {state}",
@@ -254,8 +258,6 @@ def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
         return
 
     def settle() -> None:
-        from django_jobs import workflows
-
         try:
             with connections[alias].cursor() as cursor:
                 workflows.settle_new_dependents(cursor, job_ids)
@@ -400,7 +402,7 @@ def enqueue_many(
         columns = [("id", "int8"), ("args", "text"), ("kwargs", "text")]  # JSON text for jsonb
         columns += [(name, type_name) for name, type_name, _ in shared]
         values = tuple(value for _, _, value in shared)
-        statement = f"COPY django_jobs_job ({', '.join(name for name, _ in columns)}) FROM STDIN"
+        statement = _COPY.format(columns=", ".join(name for name, _ in columns))
         with db.raw_cursor(cursor).copy(statement) as copy:
             copy.set_types([type_name for _, type_name in columns])
             for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True):

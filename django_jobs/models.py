@@ -207,17 +207,17 @@ class Job(models.Model):
         self.refresh_from_db()
         return self
 
+    # The operators' actions on one job. They live in actions.py, a layer above the models (this
+    # module imports nothing of django_jobs but the states), and are imported when called.
+
     def cancel(self, reason: str = "cancelled") -> str | None:
         """Cancel this job and what hangs off it: a pending or waiting job ends at once, a
         running one is asked to stop (its worker stops it within a heartbeat interval); its
         descendants likewise, and its dependents once it has ended. Returns the job's state
         after the call, or ``None`` if it had already finished."""
-        from django.db import connections
+        from django_jobs import actions
 
-        from django_jobs import workflows
-
-        with connections[self._state.db or "default"].cursor() as cursor:
-            state = workflows.cancel(cursor, self.pk, reason)
+        state = actions.cancel_job(self._state.db or "default", self.pk, reason)
         self.refresh_from_db()
         return state
 
@@ -225,25 +225,17 @@ class Job(models.Model):
         """Requeue this job if it ended in error or was cancelled, with a fresh budget of
         attempts (its task's ``max_attempts``). Returns False if its state does not allow it,
         a dependency is not done, or another active job holds its unique key."""
-        from django.db import connections
+        from django_jobs import actions
 
-        from django_jobs import transitions
-        from django_jobs.registry import registry
-
-        budget = registry.max_attempts_for(self.task, self.max_attempts)
-        with connections[self._state.db or "default"].cursor() as cursor:
-            done = transitions.retry(cursor, self.pk, budget)
+        done = actions.retry_job(self._state.db or "default", self.pk, self.task, self.max_attempts)
         self.refresh_from_db()
         return done
 
     def run_now(self) -> bool:
         """Make this pending job ready at once. Returns False if it is not pending."""
-        from django.db import connections
+        from django_jobs import actions
 
-        from django_jobs import transitions
-
-        with connections[self._state.db or "default"].cursor() as cursor:
-            done = transitions.run_now(cursor, self.pk)
+        done = actions.run_job_now(self._state.db or "default", self.pk)
         self.refresh_from_db()
         return done
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_jobs import conf
+from django_jobs import conf, db, transitions
 from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, sql_in
 
 JOB = "django_jobs_job"
@@ -156,11 +156,9 @@ WHERE j.id = ANY(%(ids)s) AND j.state IN {sql_in(TERMINAL_STATES)}
 )
 
 
-def delete_jobs(cursor: Any, ids: list[int]) -> Any:
-    """Delete the finished jobs among ``ids`` (see above): a ``transitions.Changes`` with the
-    ids deleted, and those another transaction held."""
-    from django_jobs import db, transitions
-
+def delete_jobs(cursor: Any, ids: list[int]) -> transitions.Changes:
+    """Delete the finished jobs among ``ids`` (see above): the ids deleted, and those another
+    transaction held."""
     return transitions.changes_of(db.execute(cursor, _DELETE_JOBS, {"ids": ids}).fetchall())
 
 

@@ -36,7 +36,7 @@ class QueueSummary(TypedDict):
     oldest_ready_age_seconds: float | None
     #: Seconds the longest-running job has been running; None if none runs.
     oldest_running_age_seconds: float | None
-    #: Attempts that ended in the window, by outcome (failed: error, crashed, timeout, lost).
+    #: Attempts that ended in the window, by outcome (failed: states.FAILED_OUTCOMES).
     done: int
     failed: int
     cancelled: int

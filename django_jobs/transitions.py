@@ -22,7 +22,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_jobs import db
-from django_jobs.states import TERMINAL_STATES, Outcome, State
+from django_jobs.states import (
+    ACTIVE_STATES,
+    CANCEL,
+    CLAIM,
+    END_ATTEMPT,
+    RELEASE,
+    RETRY,
+    RUN_NOW,
+    TERMINAL_STATES,
+    Outcome,
+    State,
+    sql_in,
+)
 
 JOB = "django_jobs_job"
 ATTEMPT = "django_jobs_attempt"
@@ -77,19 +89,19 @@ class ClaimedJob:
 # dependent or a child of the job is being enqueued in a transaction that may stay open.
 # Index: job_claim_idx (any queue) or job_claim_queue_idx (one queue); both are partial on
 # state = 'pending', so finished jobs cost nothing however many there are.
-_CLAIM = f"""
+_CLAIM = CLAIM.statement(f"""
 WITH claimed AS (
     UPDATE {JOB} SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
                      started_at = now(), finished_at = NULL, cancel_requested = false,
                      lease = gen_random_uuid()
     WHERE id = (
         SELECT id FROM {JOB}
-        WHERE state = 'pending' AND run_after <= now() {{queue_filter}}
+        WHERE {CLAIM.guard()} AND run_after <= now() {{queue_filter}}
           AND (%(skip_tasks)s::text[] IS NULL OR task <> ALL(%(skip_tasks)s::text[]))
         ORDER BY priority DESC, run_after, id
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
+    ) AND {CLAIM.guard()}
     RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
               parent_id, lease
 ), opened AS (
@@ -99,7 +111,7 @@ WITH claimed AS (
     RETURNING id
 )
 SELECT claimed.*, opened.id FROM claimed, opened
-"""
+""")
 _CLAIM_ANY_QUEUE = _CLAIM.format(queue_filter="")
 _CLAIM_ONE_QUEUE = _CLAIM.format(queue_filter="AND queue = %(queue)s")
 _CLAIM_SOME_QUEUES = _CLAIM.format(queue_filter="AND queue = ANY(%(queues)s)")
@@ -220,14 +232,14 @@ def _claim_params(
 # attempt, which then need settling. A parent's outcome is decided by the children of its final
 # attempt only (parent_attempt); those of an attempt that failed are cancelled by the settling.
 # Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx.
-_END_ATTEMPT = f"""
+_END_ATTEMPT = END_ATTEMPT.statement(f"""
 WITH target AS (
     SELECT id, attempt,
            CASE
                WHEN %(outcome)s = 'done' THEN
                    CASE WHEN NOT EXISTS (
                        SELECT 1 FROM {JOB} c
-                       WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
+                       WHERE c.parent_id = j.id AND c.state IN {sql_in(ACTIVE_STATES)}
                          AND (c.parent_attempt IS NULL OR c.parent_attempt = j.attempt)
                    ) THEN 'done'
                    WHEN cancel_requested THEN 'cancelled'
@@ -237,7 +249,7 @@ WITH target AS (
                ELSE 'error'
            END AS new_state
     FROM {JOB} j
-    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+    WHERE id = %(job_id)s AND {END_ATTEMPT.guard()} AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid {{condition}}
     FOR NO KEY UPDATE {{skip_locked}}
 ), job AS (
@@ -264,10 +276,10 @@ WITH target AS (
 SELECT state, parent_id,
        EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id),
        EXISTS (SELECT 1 FROM {JOB} c
-               WHERE c.parent_id = job.id AND c.state IN ('waiting', 'pending', 'running')
+               WHERE c.parent_id = job.id AND c.state IN {sql_in(ACTIVE_STATES)}
                  AND (c.parent_attempt IS NULL OR c.parent_attempt = job.attempt))
 FROM job
-"""
+""")
 _FINISH = _END_ATTEMPT.format(condition="", skip_locked="")
 
 # Like the claim, the worker's finish runs inside a PL/pgSQL function whose body is _FINISH
@@ -426,12 +438,12 @@ def _finish_defaults(options: dict[str, Any]) -> dict[str, Any]:
 # claim's reply (an orphan, see heartbeat()). The attempt is given back too, since the job did
 # not fail; the Attempt row stays, marked released. Index: the primary key;
 # attempt_job_number_idx.
-_RELEASE = f"""
+_RELEASE = RELEASE.statement(f"""
 WITH job AS (
     UPDATE {JOB}
     SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now(),
         task_missing_since = NULL
-    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+    WHERE id = %(job_id)s AND {RELEASE.guard()} AND attempt = %(attempt)s
       AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
     RETURNING id, pg_notify('{db.CHANNEL}', queue) IS NULL
 ), closed AS (
@@ -441,7 +453,7 @@ WITH job AS (
       AND EXISTS (SELECT 1 FROM job)
 )
 SELECT id FROM job
-"""
+""")
 
 
 def release(cursor: Any, lease: Lease, reason: str = "released at worker shutdown") -> bool:
@@ -464,7 +476,7 @@ def release(cursor: Any, lease: Lease, reason: str = "released at worker shutdow
 # the task: the worker then ends it in error, as a finish.
 # Index: the primary key; job_task_missing_idx for the task's marks; attempt_job_number_idx;
 # the worker table is small.
-_HAND_BACK = f"""
+_HAND_BACK = RELEASE.statement(f"""
 WITH target AS (
     SELECT j.id,
            COALESCE(j.task_missing_since,
@@ -474,7 +486,7 @@ WITH target AS (
                     %(seen_since)s::timestamptz,
                     now()) AS missing_since
     FROM {JOB} j
-    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.attempt = %(attempt)s
+    WHERE j.id = %(job_id)s AND {RELEASE.guard("j")} AND j.attempt = %(attempt)s
       AND j.worker_id = %(worker_id)s AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
 ), verdict AS (
     SELECT t.id, t.missing_since,
@@ -491,7 +503,7 @@ WITH target AS (
         task_missing_since = v.missing_since, error = %(reason)s
     FROM verdict v
     WHERE j.id = v.id AND NOT v.expired
-      AND j.state = 'running' AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
+      AND {RELEASE.guard("j")} AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
     RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
 ), gone AS (
     DELETE FROM {ATTEMPT}
@@ -503,7 +515,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM job) THEN 'handed back'
             WHEN v.expired THEN 'expired' END,
        v.missing_since
 FROM verdict v
-"""
+""")
 HANDED_BACK = "handed back"
 EXPIRED = "expired"
 
@@ -580,7 +592,7 @@ class WorkerInfo:
 # of, with their leases. A claim whose reply was lost with the connection leaves one: the worker
 # releases it without counting the attempt. So does a finish that committed and was lost again
 # (a failover to a standby that had not received it): the worker still has that finish in memory
-# and writes it again (see worker/supervisor.py).
+# and writes it again (see worker/writes.py and reaper.recover_orphans).
 # Index: the worker table's primary key; the job table's primary key for the listed ids;
 # job_running_worker_idx for the orphans.
 _HEARTBEAT = f"""
@@ -776,18 +788,18 @@ CANCEL_SET = """
 
 # Cancel: a pending or waiting job ends at once; a running one is flagged, and its worker stops it
 # at its next heartbeat. Also says whether each job has children or dependents, for the cascade
-# (workflows.cancel). One statement per small batch of ids, locked SKIP LOCKED: the ids that
-# another transaction held come back as busy, for the caller to try again.
+# (workflows.cancel_with_cascade). One statement per small batch of ids, locked SKIP LOCKED: the
+# ids that another transaction held come back as busy, for the caller to try again.
 # Index: the primary key; the parent_id and dependency indexes for the two EXISTS.
-_CANCEL_MANY = f"""
+_CANCEL_MANY = CANCEL.statement(f"""
 WITH locked AS (
     SELECT j.id FROM {JOB} j
-    WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
+    WHERE j.id = ANY(%(ids)s) AND {CANCEL.guard("j")}
     FOR NO KEY UPDATE SKIP LOCKED
 ), changed AS (
     UPDATE {JOB} j SET {CANCEL_SET}
     FROM locked
-    WHERE j.id = locked.id AND j.state IN ('pending', 'waiting', 'running')
+    WHERE j.id = locked.id AND {CANCEL.guard("j")}
     RETURNING j.id, j.state,
               EXISTS (SELECT 1 FROM {JOB} c WHERE c.parent_id = j.id)
               OR EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = j.id)
@@ -795,9 +807,9 @@ WITH locked AS (
 SELECT id, state, linked FROM changed AS c(id, state, linked)
 UNION ALL
 SELECT j.id, 'busy', false FROM {JOB} j
-WHERE j.id = ANY(%(ids)s) AND j.state IN ('pending', 'waiting', 'running')
+WHERE j.id = ANY(%(ids)s) AND {CANCEL.guard("j")}
   AND j.id NOT IN (SELECT id FROM locked)
-"""
+""")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -816,9 +828,9 @@ class Changes:
     busy: list[int] = dataclasses.field(default_factory=list)
 
 
-def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> Changes:
-    """Cancel jobs (see above); ``changed`` has a :class:`Cancelled` per job changed. Finished
-    jobs are skipped."""
+def cancel_without_cascade(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> Changes:
+    """Cancel these jobs and nothing else (see above; workflows.cancel_with_cascade does the
+    rest): ``changed`` has a :class:`Cancelled` per job changed. Finished jobs are skipped."""
     rows = db.execute(cursor, _CANCEL_MANY, {"ids": list(ids), "reason": reason}).fetchall()
     result = Changes()
     for job_id, state, linked in rows:
@@ -827,13 +839,6 @@ def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> C
         else:
             result.changed.append(Cancelled(job_id, state, linked))
     return result
-
-
-def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
-    """Cancel one job. Returns ``"cancelled"``, ``"running"`` (cancellation requested), or
-    ``None`` if the job is already finished (or does not exist)."""
-    changed = until_free(lambda ids: cancel_many(cursor, ids, reason), [job_id]).changed
-    return changed[0].state if changed else None
 
 
 #: How often a change over a batch of ids comes back for the ids that another transaction held
@@ -897,10 +902,10 @@ def run_now(cursor: Any, job_id: int) -> bool:
 # job holds its unique key (and of several jobs in the batch with one key, only the first goes).
 # Locked SKIP LOCKED, a small batch of ids at a time; the ids another transaction held come
 # back as busy. Index: the primary key; job_admin_unique_key_idx for the unique keys.
-_RETRY_MANY = f"""
+_RETRY_MANY = RETRY.statement(f"""
 WITH locked AS (
     SELECT j.id, j.unique_key FROM {JOB} j
-    WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
+    WHERE j.id = ANY(%(ids)s) AND {RETRY.guard("j")}
     FOR NO KEY UPDATE SKIP LOCKED
 ), eligible AS (
     SELECT DISTINCT ON (l.unique_key, CASE WHEN l.unique_key IS NULL THEN l.id END) l.id
@@ -911,7 +916,7 @@ WITH locked AS (
       AND NOT EXISTS (
         SELECT 1 FROM {JOB} o
         WHERE o.unique_key = l.unique_key AND o.id <> l.id
-          AND o.state IN ('waiting', 'pending', 'running'))
+          AND o.state IN {sql_in(ACTIVE_STATES)})
     ORDER BY l.unique_key, CASE WHEN l.unique_key IS NULL THEN l.id END, l.id
 ), changed AS (
     UPDATE {JOB} j
@@ -925,9 +930,9 @@ WITH locked AS (
 SELECT id, 'requeued' FROM changed
 UNION ALL
 SELECT j.id, 'busy' FROM {JOB} j
-WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
+WHERE j.id = ANY(%(ids)s) AND {RETRY.guard("j")}
   AND j.id NOT IN (SELECT id FROM locked)
-"""
+""")
 
 
 def retry_many(cursor: Any, budgets: dict[int, int]) -> Changes:
@@ -941,7 +946,7 @@ def retry_many(cursor: Any, budgets: dict[int, int]) -> Changes:
 _KEY_HOLDERS = f"""
 SELECT j.id, j.unique_key, o.id, o.state FROM {JOB} j
 JOIN {JOB} o ON o.unique_key = j.unique_key AND o.id <> j.id
-WHERE j.id = ANY(%(ids)s) AND o.state IN ('waiting', 'pending', 'running')
+WHERE j.id = ANY(%(ids)s) AND o.state IN {sql_in(ACTIVE_STATES)}
 """
 
 
@@ -953,20 +958,20 @@ def unique_key_holders(cursor: Any, ids: Sequence[int]) -> dict[int, tuple[str, 
 
 # Run now: a pending job scheduled for later becomes ready at once. Locked SKIP LOCKED, a small
 # batch at a time, as above. Index: the primary key.
-_RUN_NOW_MANY = f"""
+_RUN_NOW_MANY = RUN_NOW.statement(f"""
 WITH locked AS (
-    SELECT j.id FROM {JOB} j WHERE j.id = ANY(%(ids)s) AND j.state = 'pending'
+    SELECT j.id FROM {JOB} j WHERE j.id = ANY(%(ids)s) AND {RUN_NOW.guard("j")}
     FOR NO KEY UPDATE SKIP LOCKED
 ), changed AS (
     UPDATE {JOB} j SET run_after = now()
-    FROM locked WHERE j.id = locked.id AND j.state = 'pending'
+    FROM locked WHERE j.id = locked.id AND {RUN_NOW.guard("j")}
     RETURNING j.id, pg_notify('{db.CHANNEL}', j.queue) IS NULL
 )
 SELECT id, 'ready' FROM changed
 UNION ALL
 SELECT j.id, 'busy' FROM {JOB} j
-WHERE j.id = ANY(%(ids)s) AND j.state = 'pending' AND j.id NOT IN (SELECT id FROM locked)
-"""
+WHERE j.id = ANY(%(ids)s) AND {RUN_NOW.guard("j")} AND j.id NOT IN (SELECT id FROM locked)
+""")
 
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> Changes:

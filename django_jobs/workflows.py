@@ -37,7 +37,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_jobs import db, transitions
-from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, sql_in
+from django_jobs.states import (
+    ACTIVE_STATES,
+    CANCEL,
+    CANCEL_DEPENDENTS,
+    FINALIZE_PARENT,
+    PROMOTE,
+    QUEUED_STATES,
+    SETTLE_NEW,
+    TERMINAL_STATES,
+    UNSUCCESSFUL_STATES,
+    State,
+    sql_in,
+)
 
 logger = logging.getLogger("django_jobs.workflows")
 
@@ -57,7 +69,7 @@ SKIPPED_PAUSE = transitions.BUSY_PAUSE
 # many were promoted, and how many were skipped (locked by another transaction).
 # Index: dependency_depends_on_idx (depends_on_id, job_id); the primary key; dependency_unique
 # (job_id, ...) for the other dependencies of each.
-_PROMOTE = f"""
+_PROMOTE = PROMOTE.statement(f"""
 WITH page AS (
     SELECT d.job_id FROM {DEP} d
     WHERE d.depends_on_id = %(job_id)s AND d.job_id > %(after)s
@@ -67,7 +79,7 @@ WITH page AS (
     -- with every waiting job would make each page cost as much as the whole cascade.
     SELECT w.id FROM page CROSS JOIN LATERAL (
         SELECT id FROM {JOB} w
-        WHERE w.id = page.job_id AND w.state = 'waiting' AND w.attempt = 0 OFFSET 0
+        WHERE w.id = page.job_id AND {PROMOTE.guard("w")} AND w.attempt = 0 OFFSET 0
     ) w
 ), locked AS (
     SELECT w.id FROM {JOB} w WHERE w.id IN (SELECT id FROM candidates)
@@ -75,7 +87,7 @@ WITH page AS (
 ), promoted AS (
     UPDATE {JOB} w SET state = 'pending', run_after = GREATEST(w.run_after, now())
     FROM locked
-    WHERE w.id = locked.id AND w.state = 'waiting' AND w.attempt = 0
+    WHERE w.id = locked.id AND {PROMOTE.guard("w")} AND w.attempt = 0
       AND NOT EXISTS (
           SELECT 1 FROM {DEP} d2 JOIN {JOB} dj ON dj.id = d2.depends_on_id
           WHERE d2.job_id = w.id AND dj.state <> 'done'
@@ -85,13 +97,13 @@ WITH page AS (
 )
 SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM promoted),
        (SELECT count(*) FROM candidates) - (SELECT count(*) FROM locked)
-"""
+""")
 
 # Waiting or pending dependents of one job, a page at a time, locked SKIP LOCKED and cancelled
 # with a reason that names the upstream job where the failure started. The first row has the
 # page's last key and the number skipped; then one row per job cancelled, with its parent.
 # Index: dependency_depends_on_idx; the primary key.
-_CANCEL_DEPENDENTS = f"""
+_CANCEL_DEPENDENTS = CANCEL_DEPENDENTS.statement(f"""
 WITH page AS (
     SELECT d.job_id FROM {DEP} d
     WHERE d.depends_on_id = %(job_id)s AND d.job_id > %(after)s
@@ -99,7 +111,7 @@ WITH page AS (
 ), candidates AS (
     SELECT w.id FROM page CROSS JOIN LATERAL (
         SELECT id FROM {JOB} w
-        WHERE w.id = page.job_id AND w.state IN ('waiting', 'pending') OFFSET 0
+        WHERE w.id = page.job_id AND {CANCEL_DEPENDENTS.guard("w")} OFFSET 0
     ) w
 ), locked AS (
     SELECT w.id FROM {JOB} w WHERE w.id IN (SELECT id FROM candidates)
@@ -107,24 +119,24 @@ WITH page AS (
 ), cancelled AS (
     UPDATE {JOB} w SET state = 'cancelled', finished_at = now(), error = %(reason)s
     FROM locked
-    WHERE w.id = locked.id AND w.state IN ('waiting', 'pending')
+    WHERE w.id = locked.id AND {CANCEL_DEPENDENTS.guard("w")}
     RETURNING w.id, w.parent_id
 )
 SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM candidates)
        - (SELECT count(*) FROM locked), NULL::bigint, NULL::bigint
 UNION ALL
 SELECT NULL, NULL, id, parent_id FROM cancelled
-"""
+""")
 
 # Unfinished children of one job, a page at a time, locked SKIP LOCKED and cancelled: pending
 # and waiting ones at once, running ones asked to stop (their workers stop them within a
 # heartbeat interval). With an ``attempt``, only the children that attempt spawned (and, if
 # ``final``, those whose attempt was not recorded). Rows as in _CANCEL_DEPENDENTS.
 # Index: job_parent_idx.
-_CANCEL_CHILDREN = f"""
+_CANCEL_CHILDREN = CANCEL.statement(f"""
 WITH page AS (
     SELECT c.id FROM {JOB} c
-    WHERE c.parent_id = %(job_id)s AND c.id > %(after)s AND c.state IN {sql_in(ACTIVE_STATES)}
+    WHERE c.parent_id = %(job_id)s AND c.id > %(after)s AND {CANCEL.guard("c")}
       AND (%(attempt)s::int IS NULL OR c.parent_attempt = %(attempt)s
            OR (c.parent_attempt IS NULL AND %(final)s))
     ORDER BY c.id LIMIT %(batch)s
@@ -134,23 +146,23 @@ WITH page AS (
 ), changed AS (
     UPDATE {JOB} j SET {transitions.CANCEL_SET}
     FROM locked
-    WHERE j.id = locked.id AND j.state IN {sql_in(ACTIVE_STATES)}
+    WHERE j.id = locked.id AND {CANCEL.guard("j")}
     RETURNING j.id, j.parent_id
 )
 SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM page) - (SELECT count(*) FROM locked),
        NULL::bigint, NULL::bigint
 UNION ALL
 SELECT NULL, NULL, id, parent_id FROM changed
-"""
+""")
 
 # Finalize a parent that is waiting for children, once none is active. Only the children of
 # its final attempt count (parent_attempt; NULL for children made before it was recorded): an
 # earlier attempt's children were cancelled when that attempt failed. The aggregate over the
 # children runs only if the parent qualifies. Index: job_parent_idx.
-_FINALIZE_PARENT = f"""
+_FINALIZE_PARENT = FINALIZE_PARENT.statement(f"""
 WITH ready AS (
     SELECT p.id, p.attempt FROM {JOB} p
-    WHERE p.id = %(job_id)s AND p.state = 'waiting' AND p.attempt > 0
+    WHERE p.id = %(job_id)s AND {FINALIZE_PARENT.guard("p")} AND p.attempt > 0
       AND NOT EXISTS (
           SELECT 1 FROM {JOB} c
           WHERE c.parent_id = p.id AND c.state IN {sql_in(ACTIVE_STATES)}
@@ -173,9 +185,9 @@ SET state = CASE WHEN k.first_error IS NOT NULL THEN 'error'
                  THEN 'child job #' || k.first_cancelled || ' was cancelled'
                  ELSE p.error END
 FROM ready, kids k
-WHERE p.id = ready.id AND p.state = 'waiting'
+WHERE p.id = ready.id AND {FINALIZE_PARENT.guard("p")}
 RETURNING p.state
-"""
+""")
 
 
 # New waiting dependents, checked again once the transaction that enqueued them has committed
@@ -184,18 +196,18 @@ RETURNING p.state
 # its row FOR NO KEY UPDATE) and sees its outcome; the lock lasts this statement only. A bounded
 # batch of the new jobs, locked SKIP LOCKED; the ids of those that were skipped come back, for
 # another try. Index: the primary key; dependency_unique (job_id, depends_on_id) for the links.
-_SETTLE_NEW = f"""
+_SETTLE_NEW = SETTLE_NEW.statement(f"""
 WITH upstream AS (
     SELECT dj.id, dj.state, dj.task FROM {JOB} dj
     WHERE dj.id IN (SELECT d.depends_on_id FROM {DEP} d WHERE d.job_id = ANY(%(ids)s))
     FOR SHARE OF dj
 ), targets AS (
     SELECT w.id FROM {JOB} w
-    WHERE w.id = ANY(%(ids)s) AND w.state = 'waiting' AND w.attempt = 0
+    WHERE w.id = ANY(%(ids)s) AND {SETTLE_NEW.guard("w")} AND w.attempt = 0
     FOR NO KEY UPDATE OF w SKIP LOCKED
 ), verdicts AS (
     SELECT t.id, bool_and(u.state = 'done') AS all_done,
-           min(u.id) FILTER (WHERE u.state IN ('error', 'cancelled')) AS failed
+           min(u.id) FILTER (WHERE u.state IN {sql_in(UNSUCCESSFUL_STATES)}) AS failed
     FROM targets t
     JOIN {DEP} d ON d.job_id = t.id
     JOIN upstream u ON u.id = d.depends_on_id
@@ -218,9 +230,9 @@ WITH upstream AS (
 SELECT id, state FROM changed
 UNION ALL
 SELECT w.id, 'skipped' FROM {JOB} w
-WHERE w.id = ANY(%(ids)s) AND w.state = 'waiting' AND w.attempt = 0
+WHERE w.id = ANY(%(ids)s) AND {SETTLE_NEW.guard("w")} AND w.attempt = 0
   AND w.id NOT IN (SELECT id FROM targets)
-"""
+""")
 
 
 def settle_new_dependents(cursor: Any, job_ids: Sequence[int]) -> dict[str, int]:
@@ -266,7 +278,7 @@ WHERE w.state = 'waiting' AND (
         WHERE d.job_id = w.id AND dj.state <> 'done'))
     OR (w.attempt = 0 AND EXISTS (
         SELECT 1 FROM {DEP} d JOIN {JOB} dj ON dj.id = d.depends_on_id
-        WHERE d.job_id = w.id AND dj.state IN ('error', 'cancelled')))
+        WHERE d.job_id = w.id AND dj.state IN {sql_in(UNSUCCESSFUL_STATES)}))
 )
 ORDER BY w.id
 LIMIT %(limit)s
@@ -291,6 +303,10 @@ def finalize_parent(cursor: Any, job_id: int) -> str | None:
         )
     return None if row is None else row[0]
 
+
+#: A job in one of these states, past its first attempt, has had an attempt that did not succeed
+#: (it is pending again for a retry, or ended for good): that attempt's children must not run.
+_ATTEMPT_DID_NOT_SUCCEED = frozenset({State.PENDING, *UNSUCCESSFUL_STATES})
 
 # A step of the settling: a tuple whose first item names what to do (see Settling._step).
 Step = tuple[Any, ...]
@@ -407,18 +423,18 @@ class Settling:
         if row is None:
             return
         state, parent_id, attempt, task = row
-        if state in ("pending", "error", "cancelled") and attempt > 0:
+        if state in _ATTEMPT_DID_NOT_SUCCEED and attempt > 0:
             # The attempt ended without success: its children must not keep running.
             reason = f"cancelled: attempt {attempt} of parent job #{job_id} did not succeed"
-            final = state != "pending"
+            final = state in UNSUCCESSFUL_STATES
             self.todo.append(("cancel_children", job_id, attempt, final, reason, 0))
-        if state == "waiting" and attempt > 0:
+        if state == State.WAITING and attempt > 0:
             if finalize_parent(cursor, job_id) is not None:
                 self.todo.append(("settle", job_id))  # now final: its dependents and parent
             return
         if state not in TERMINAL_STATES:
             return
-        if state == "done":
+        if state == State.DONE:
             self.todo.append(("promote", job_id, 0))
         else:
             reason = f"cancelled: upstream job #{job_id} ({task}) ended {state}"
@@ -438,7 +454,9 @@ def settle(cursor: Any, job_id: int) -> None:
     Settling.of(job_id).run_to_end(cursor)
 
 
-def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> list[Any]:
+def cancel_with_cascade(
+    cursor: Any, ids: Sequence[int], reason: str = "cancelled"
+) -> list[transitions.Cancelled]:
     """Cancel jobs and everything hanging off them.
 
     Each job: pending or waiting ends at once, running is asked to stop (its worker stops it
@@ -446,28 +464,26 @@ def cancel_many(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> l
     cancelled once it has ended. Returns :class:`~django_jobs.transitions.Cancelled` entries for
     the jobs named in ``ids`` that changed.
     """
-    return transitions.until_free(lambda batch: cancel_batch(cursor, batch, reason), ids).changed
+    return transitions.until_free(
+        lambda batch: cancel_batch_with_cascade(cursor, batch, reason), ids
+    ).changed
 
 
-def cancel_batch(cursor: Any, ids: Sequence[int], reason: str = "cancelled") -> transitions.Changes:
-    """:func:`cancel_many` for one small batch, without coming back for the jobs another
+def cancel_batch_with_cascade(
+    cursor: Any, ids: Sequence[int], reason: str = "cancelled"
+) -> transitions.Changes:
+    """:func:`cancel_with_cascade` for one small batch, without coming back for the jobs another
     transaction held (they are ``busy`` in the result)."""
-    changes = transitions.cancel_many(cursor, ids, reason)
+    changes = transitions.cancel_without_cascade(cursor, ids, reason)
     settling = Settling()
     for entry in changes.changed:
         if entry.linked:
             descendants = f"cancelled: ancestor job #{entry.job_id} was cancelled"
             settling.todo.append(("cancel_children", entry.job_id, None, True, descendants, 0))
-            if entry.state == "cancelled":
+            if entry.state == State.CANCELLED:
                 settling.todo.append(("settle", entry.job_id))
     settling.run_to_end(cursor)
     return changes
-
-
-def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
-    """Cancel one job and what hangs off it; its state after, or None if already finished."""
-    changed = cancel_many(cursor, [job_id], reason)
-    return changed[0].state if changed else None
 
 
 # Children that a crash may have left running after their parent's attempt failed: active
@@ -476,8 +492,8 @@ def cancel(cursor: Any, job_id: int, reason: str = "cancelled") -> str | None:
 _STRAY_CHILDREN = f"""
 SELECT DISTINCT p.id, p.attempt, p.state FROM {JOB} p
 JOIN {JOB} c ON c.parent_id = p.id
-WHERE c.state IN ('waiting', 'pending') AND c.parent_attempt IS NOT NULL
-  AND (p.state IN ('error', 'cancelled')
+WHERE c.state IN {sql_in(QUEUED_STATES)} AND c.parent_attempt IS NOT NULL
+  AND (p.state IN {sql_in(UNSUCCESSFUL_STATES)}
        OR c.parent_attempt < p.attempt
        OR (p.state = 'pending' AND c.parent_attempt = p.attempt))
 ORDER BY p.id
@@ -492,7 +508,7 @@ def repair(cursor: Any, limit: int = 1000) -> list[int]:
     settling = Settling()
     for job_id in stuck:
         row = _job(cursor, job_id)
-        if row is None or row[0] != "waiting":
+        if row is None or row[0] != State.WAITING:
             continue
         if row[2] > 0:
             settling.todo.append(("settle", job_id))
@@ -508,9 +524,9 @@ def repair(cursor: Any, limit: int = 1000) -> list[int]:
         stuck.append(parent_id)
         for number in range(1, attempt + 1):
             last = number == attempt
-            if last and state not in ("pending", "error", "cancelled"):
+            if last and state not in _ATTEMPT_DID_NOT_SUCCEED:
                 continue  # the children of the attempt that runs, or that the job waits for
-            final = last and state in ("error", "cancelled")
+            final = last and state in UNSUCCESSFUL_STATES
             reason = f"cancelled: attempt {number} of parent job #{parent_id} did not succeed"
             settling.todo.append(("cancel_children", parent_id, number, final, reason, 0))
     settling.run_to_end(cursor)

@@ -1,0 +1,196 @@
+"""The package's modules import one another one way: commands and admin, then the worker and the
+services, then the statements, then the models, then the states, settings and errors.
+
+Only the imports a module runs when it is imported count (its top-level ones, outside ``if
+TYPE_CHECKING:``); an import inside a function runs when the function is called. Those that
+point up are listed in ``LATE_IMPORTS_UP``, so that a new one is a decision, not an accident.
+The worker (django_jobs/worker/) is being reworked: the checks leave its own imports out for now
+(it has no cycle today); the other modules' imports of it count, in its layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "django_jobs"
+
+#: Lowest first. A module may import modules of its own layer and of those below.
+LAYERS: list[set[str]] = [
+    # states, settings and errors
+    {"states", "conf", "exceptions", "storable", "sanitize", "compat", "logging"},
+    # models, the connection helpers, the task registry (the workers' allow-list)
+    {"models", "db", "registry"},
+    # statements
+    {"transitions", "workflows", "enqueue", "prune", "stats", "context"},
+    # the worker and the services
+    {"worker", "reaper", "liveness", "actions", "backend", "dashboard", "checks", "apps"},
+    # commands, admin, and the package's public names
+    {"admin", "management", ""},
+]
+
+#: Imports inside functions that point up a layer, each with its reason.
+LATE_IMPORTS_UP = {
+    # Job.cancel(), retry() and run_now() are the operators' actions on one job.
+    ("models", "actions"),
+    # JOBS_QUEUES defaults to the queues of the registered tasks.
+    ("conf", "registry"),
+    # Task.enqueue() and enqueue_many(), the public way to enqueue.
+    ("registry", "enqueue"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    """The package's modules by dotted name (``django_jobs.models``), migrations left out."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if "migrations" not in parts:
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported(node: ast.Import | ast.ImportFrom, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that an import statement in the module at ``path`` imports."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names} & modules
+    base = node.module or ""
+    if node.level:  # relative: from the importer's package, up level - 1
+        package = path.relative_to(ROOT).parent.parts
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, *([base] if base else [])])
+    submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+    return submodules or ({base} & modules)
+
+
+def _top_level(body: list[ast.stmt], type_checking: bool = False) -> set[int]:
+    """The ids of the import statements that run when the module is imported; or, with
+    ``type_checking``, of those under ``if TYPE_CHECKING:``, which never run."""
+    found = set()
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if not type_checking:
+                found.add(id(node))
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if type_checking:
+                found |= {
+                    id(n) for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom)
+                }
+        elif isinstance(node, ast.If | ast.Try):
+            handlers = [handler.body for handler in getattr(node, "handlers", [])]
+            for block in [node.body, node.orelse, *handlers, getattr(node, "finalbody", [])]:
+                found |= _top_level(block, type_checking)
+    return found
+
+
+def imports(early: bool) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports: when it is imported (``early``), or later,
+    inside its functions. (Those under ``TYPE_CHECKING``, for annotations only, are neither.)"""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        top, annotations = _top_level(tree.body), _top_level(tree.body, type_checking=True)
+        graph[name] = {
+            imported
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            and id(node) not in annotations
+            and (id(node) in top) == early
+            for imported in _imported(node, path, set(modules))
+        } - {name}
+    return graph
+
+
+def layer(module: str) -> int:
+    head = module.removeprefix("django_jobs").removeprefix(".").split(".")[0]
+    for index, members in enumerate(LAYERS):
+        if head in members:
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of two or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def _not_worker(module: str) -> bool:
+    return not module.startswith("django_jobs.worker")
+
+
+def test_no_two_modules_import_each_other_when_imported() -> None:
+    graph = {m: set(filter(_not_worker, deps)) for m, deps in imports(early=True).items()}
+    graph = {m: deps for m, deps in graph.items() if _not_worker(m)}
+    assert cycles(graph) == []
+
+
+def test_modules_import_only_their_own_layer_and_those_below_when_imported() -> None:
+    up = [
+        f"{module} imports {other}"
+        for module, deps in imports(early=True).items()
+        if _not_worker(module)
+        for other in sorted(deps)
+        if layer(other) > layer(module)
+    ]
+    assert up == []
+
+
+def test_the_imports_that_point_up_are_made_late_and_are_the_known_ones() -> None:
+    up = {
+        (module, other)
+        for module, deps in imports(early=False).items()
+        if _not_worker(module)
+        for other in deps
+        if layer(other) > layer(module)
+    }
+    assert up == {(f"django_jobs.{a}", f"django_jobs.{b}") for a, b in LATE_IMPORTS_UP}
+
+
+def test_the_finder_reads_each_form_of_import() -> None:
+    early = imports(early=True)
+    assert early["django_jobs.models"] == {"django_jobs.states"}
+    assert early["django_jobs.workflows"] == {
+        "django_jobs.db",
+        "django_jobs.states",
+        "django_jobs.transitions",
+    }
+    assert {"django_jobs.registry", "django_jobs.exceptions"} <= early["django_jobs"]
+    assert early["django_jobs.management.commands.jobstats"] == {
+        "django_jobs.management.arguments",
+        "django_jobs.stats",
+    }
+    assert "django_jobs.models" not in early["django_jobs.registry"]  # under TYPE_CHECKING
+    assert "django_jobs.actions" in imports(early=False)["django_jobs.models"]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,0 +1,326 @@
+"""The state machine, checked without a database: the declaration in django_jobs/states.py, and
+every statement in the package that writes ``Job.state`` against it.
+
+A statement that writes ``state`` is found in the source (``SET state =``, a ``SET`` list built
+from a fragment, an ``INSERT`` or ``COPY`` into the job table, an ORM write of ``state``). Each
+must be a module-level constant declared with its transition (``_X = CLAIM.statement(...)``),
+pick its rows with the transition's guard, and write only the transition's states.
+tests/test_state_machine.py runs each declared statement against jobs in every state.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import re
+from pathlib import Path
+
+from django_jobs import states
+from django_jobs.states import (
+    ACTIVE_STATES,
+    CANCEL,
+    CLAIM,
+    FAILED_OUTCOMES,
+    NEXT_STATES,
+    QUEUED_STATES,
+    RETRY,
+    RUN_NOW,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    UNSUCCESSFUL_OUTCOMES,
+    UNSUCCESSFUL_STATES,
+    Outcome,
+    State,
+    Transition,
+    can_transition,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "django_jobs"
+
+WAITING, PENDING, RUNNING = State.WAITING, State.PENDING, State.RUNNING
+DONE, ERROR, CANCELLED = State.DONE, State.ERROR, State.CANCELLED
+
+
+# ---------------------------------------------------------------------- the declaration
+
+
+def test_the_state_graph_is_the_documented_one() -> None:
+    assert dict(NEXT_STATES) == {
+        WAITING: {PENDING, CANCELLED, DONE, ERROR},
+        PENDING: {RUNNING, CANCELLED},
+        RUNNING: {DONE, ERROR, CANCELLED, PENDING, WAITING},
+        DONE: set(),
+        ERROR: {PENDING},
+        CANCELLED: {PENDING},
+    }
+    assert can_transition(RUNNING, WAITING) and can_transition(WAITING, DONE)
+    assert not can_transition(PENDING, WAITING) and not can_transition(DONE, PENDING)
+
+
+def test_a_job_leaves_a_finished_state_only_through_an_operators_retry() -> None:
+    leaving = {t for t in TRANSITIONS if t.sources & TERMINAL_STATES}
+    assert leaving == {RETRY}
+    assert RETRY.sources == UNSUCCESSFUL_STATES
+
+
+def test_every_state_is_active_or_finished_and_a_new_job_can_reach_each() -> None:
+    assert set(State.values) == ACTIVE_STATES | TERMINAL_STATES
+    assert not ACTIVE_STATES & TERMINAL_STATES
+    assert ACTIVE_STATES - {RUNNING} == QUEUED_STATES
+    assert TERMINAL_STATES - {DONE} == UNSUCCESSFUL_STATES
+    assert CANCEL.sources == ACTIVE_STATES
+    reachable, todo = set(), [s for _, s in states.ENQUEUE.moves]
+    while todo:
+        state = todo.pop()
+        if state not in reachable:
+            reachable.add(state)
+            todo += NEXT_STATES[state]
+    assert reachable == set(State.values)
+
+
+def test_moves_pair_each_source_with_each_target_and_keep_the_unchanged() -> None:
+    assert CLAIM.moves == {(PENDING, RUNNING)}
+    assert states.ENQUEUE.moves == {(None, PENDING), (None, WAITING), (None, CANCELLED)}
+    assert CANCEL.moves == {(WAITING, CANCELLED), (PENDING, CANCELLED), (RUNNING, RUNNING)}
+    assert RUN_NOW.moves == {(PENDING, PENDING)}
+
+
+def test_guards_render_the_source_states_in_declaration_order() -> None:
+    assert CLAIM.guard() == "state = 'pending'"
+    assert RETRY.guard("j") == "j.state IN ('error', 'cancelled')"
+    assert CANCEL.guard("c") == "c.state IN ('waiting', 'pending', 'running')"
+    assert states.sql_in(TERMINAL_STATES) == "('done', 'error', 'cancelled')"
+
+
+def test_failed_outcomes_are_the_ones_migration_0003_counts() -> None:
+    # The operations views and attempt_failed_idx were made from a literal list.
+    migration = importlib.import_module("django_jobs.migrations.0003_operations")
+    assert set(re.findall(r"'(\w+)'", migration.FAILED)) == FAILED_OUTCOMES
+    assert FAILED_OUTCOMES | {Outcome.CANCELLED} == UNSUCCESSFUL_OUTCOMES
+
+
+def test_the_tasks_backend_reads_every_state_and_names_every_unsuccessful_attempt() -> None:
+    from django_jobs import backend
+
+    assert set(backend.STATUS) == set(State.values)
+    assert set(backend._INTERRUPTIONS) == UNSUCCESSFUL_OUTCOMES - {Outcome.ERROR}
+
+
+# ---------------------------------------------------------------------- finding the writers
+
+_STATE_WRITE = re.compile(
+    r"""
+      \bSET\s+state\s*=                                   # SET state = ...
+    | \bUPDATE\b[^;]*?\bSET\s*\{                          # SET {a fragment}, which may set it
+    | \bUPDATE\b[^;]*?\bSET\b[^;]*?,\s*state\s*=(?!=)     # ..., state = ... in a SET list
+    | \b(?:INSERT\s+INTO|COPY)\s+(?:django_jobs_job|\{[\w.]*JOB\})(?!\w)   # new jobs
+    """,
+    re.IGNORECASE | re.VERBOSE | re.DOTALL,
+)
+_ORM_WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_create"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Writer:
+    """A place in the source that writes ``Job.state``."""
+
+    line: int
+    #: The module-level name the statement is assigned to; None inside a function or class.
+    owner: str | None
+    what: str
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text; an f-string's with each interpolation as ``{expression}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
+            for part in node.values
+        )
+    return None
+
+
+def state_writers(source: str) -> list[Writer]:
+    """Every place in a module's ``source`` that writes ``Job.state``."""
+    found = []
+    for top in ast.parse(source).body:
+        owner = None
+        if isinstance(top, ast.Assign) and len(top.targets) == 1:
+            target = top.targets[0]
+            owner = target.id if isinstance(target, ast.Name) else None
+        elif isinstance(top, ast.AnnAssign) and isinstance(top.target, ast.Name):
+            owner = top.target.id
+        nodes = list(ast.walk(top))
+        docstrings = {id(n.value) for n in nodes if isinstance(n, ast.Expr) and _text(n.value)}
+        parts = {id(p) for n in nodes if isinstance(n, ast.JoinedStr) for p in n.values}
+        for node in nodes:
+            if id(node) in docstrings or id(node) in parts:
+                continue
+            text = _text(node)
+            if text is not None and _STATE_WRITE.search(text):
+                what = " ".join(text.split())[:80]
+                found.append(Writer(node.lineno, owner, what))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in _ORM_WRITES and any(k.arg == "state" for k in node.keywords):
+                    found.append(Writer(node.lineno, None, f"ORM .{node.func.attr}(state=...)"))
+            elif isinstance(node, ast.Assign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Attribute) and t.attr == "state" for t in targets):
+                    found.append(Writer(node.lineno, None, "assigns .state"))
+    return sorted(found, key=lambda writer: writer.line)
+
+
+def _modules() -> dict[str, Path]:
+    """The package's modules by dotted name, migrations left out."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if "migrations" in parts:
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def writers_in_package() -> dict[str, list[Writer]]:
+    """Module name -> the places in it that write ``Job.state``."""
+    found = {}
+    for name, path in _modules().items():
+        if writers := state_writers(path.read_text()):
+            found[name] = writers
+    return found
+
+
+def declared_statements_by_name() -> dict[str, tuple[str, Transition]]:
+    """``module.NAME`` -> (SQL, transition) for every statement in the package declared with
+    its transition."""
+    result = {}
+    for module_name, path in _modules().items():
+        if ".statement(" not in path.read_text():
+            continue
+        module = importlib.import_module(module_name)
+        declared = states.declared_statements()
+        for name, value in vars(module).items():
+            if isinstance(value, str) and value in declared:
+                result[f"{module_name}.{name}"] = (value, declared[value])
+    return result
+
+
+# ---------------------------------------------------------------------- the writers
+
+
+def test_every_statement_that_writes_state_is_declared_with_its_transition() -> None:
+    undeclared = []
+    for module_name, writers in writers_in_package().items():
+        module = importlib.import_module(module_name)
+        for writer in writers:
+            sql = getattr(module, writer.owner, None) if writer.owner else None
+            if not isinstance(sql, str) or sql not in states.declared_statements():
+                where = writer.owner or "(not a module-level statement)"
+                undeclared.append(f"{module_name}:{writer.line} {where}: {writer.what}")
+    assert not undeclared, (
+        "these write Job.state without a declared transition; make each a module-level "
+        "statement declared with its transition (NAME = <transition>.statement(...)) in "
+        "django_jobs/states.py:\n" + "\n".join(undeclared)
+    )
+
+
+def test_every_transition_is_made_by_a_declared_statement() -> None:
+    made = {transition for _, transition in declared_statements_by_name().values()}
+    assert made == set(TRANSITIONS)
+
+
+_STATES = "|".join(State.values)
+_WRITTEN = re.compile(
+    rf"(?:\bSET\s+state\s*=|,\s*state\s*=|^\s*state\s*=|\bTHEN|\bELSE)\s*'({_STATES})'",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def written_states(sql: str) -> set[str]:
+    """The state literals a statement may write: assigned to ``state``, or the result of a
+    ``CASE`` (which, in these statements, is what a ``SET state =`` takes)."""
+    return set(_WRITTEN.findall(sql))
+
+
+def test_each_declared_statement_guards_on_its_sources_and_writes_only_its_targets() -> None:
+    wrong = []
+    for name, (sql, transition) in declared_statements_by_name().items():
+        written = written_states(sql)
+        if not written <= transition.targets | transition.unchanged:
+            extra = sorted(written - transition.targets - transition.unchanged)
+            wrong.append(f"{name} writes {extra}, not declared for {transition.name!r}")
+        body = re.escape(transition.guard()[len("state") :])
+        if transition.sources and not re.search(rf"(?<![\w.])(\w+\.)?state{body}", sql):
+            wrong.append(f"{name} does not guard on {transition.guard()!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_statements_found_are_the_ones_expected() -> None:
+    # A reading aid as much as a check: every statement that writes state, with its transition.
+    found = {name: t.name for name, (_, t) in declared_statements_by_name().items()}
+    assert found == {
+        "django_jobs.enqueue._INSERT_ONE": "enqueue",
+        "django_jobs.enqueue._COPY": "enqueue",
+        "django_jobs.transitions._CLAIM": "claim",
+        "django_jobs.transitions._END_ATTEMPT": "end attempt",
+        "django_jobs.transitions._RELEASE": "release",
+        "django_jobs.transitions._HAND_BACK": "release",
+        "django_jobs.transitions._CANCEL_MANY": "cancel",
+        "django_jobs.transitions._RETRY_MANY": "retry",
+        "django_jobs.workflows._PROMOTE": "promote",
+        "django_jobs.workflows._CANCEL_DEPENDENTS": "cancel dependents",
+        "django_jobs.workflows._CANCEL_CHILDREN": "cancel",
+        "django_jobs.workflows._FINALIZE_PARENT": "finalize parent",
+        "django_jobs.workflows._SETTLE_NEW": "settle new dependent",
+        # Writes run_after only; declared for its guard.
+        "django_jobs.transitions._RUN_NOW_MANY": "run now",
+    }
+
+
+def test_a_new_statement_that_writes_state_is_found() -> None:
+    # The finder itself: each way of writing state that the package could grow.
+    source = '''
+JOB = "django_jobs_job"
+READS = f"SELECT id FROM {JOB} WHERE state = 'pending' AND id = %s"
+BURY = f"""UPDATE {JOB} SET state = 'buried' WHERE id = %s"""
+LATER = f"""UPDATE {JOB} j SET run_after = now(), state = 'pending' WHERE j.id = %s"""
+FRAGMENT = f"""UPDATE {JOB} j SET {SOMETHING} WHERE j.id = %s"""
+BORN = "INSERT INTO django_jobs_job (task) VALUES (%s)"
+MANY = "copy django_jobs_job (task) FROM STDIN"
+
+
+def inline(cursor):
+    """Docstrings are no statements: SET state = 'x'."""
+    cursor.execute("UPDATE django_jobs_job SET state = 'done'")
+
+
+def orm(job):
+    Job.objects.filter(pk=job.pk).update(state="done")
+    job.state = "done"
+'''
+    found = [(w.line, w.owner) for w in state_writers(source)]
+    assert found == [
+        (4, "BURY"),
+        (5, "LATER"),
+        (6, "FRAGMENT"),
+        (7, "BORN"),
+        (8, "MANY"),
+        (13, None),
+        (17, None),
+        (18, None),
+    ]
+
+
+def test_the_states_a_statement_writes_are_read_from_its_assignments_and_cases() -> None:
+    from django_jobs import transitions, workflows
+
+    assert written_states(transitions._CLAIM) == {RUNNING}
+    assert written_states(transitions._END_ATTEMPT) == {DONE, WAITING, CANCELLED, PENDING, ERROR}
+    assert written_states(transitions._CANCEL_MANY) == {RUNNING, CANCELLED}
+    assert written_states(workflows._FINALIZE_PARENT) == {DONE, ERROR, CANCELLED}
+    assert written_states(transitions._RUN_NOW_MANY) == set()
