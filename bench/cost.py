@@ -5,8 +5,9 @@ runs) over ``jobs`` pre-enqueued no-op jobs, with libpq's protocol trace on its 
 connection (see :mod:`bench.tracing`). CPU is read from ``/proc`` for the supervisor (this
 process), its executors and the PostgreSQL backend serving the queue connection, leaving
 start-up out: from the first claim (supervisor, backend) or from the moment each executor
-reported ready, to the shutdown of the executors. The floor worker is measured the same way,
-from its first claim, for reference.
+reported ready, to the shutdown of the executors, through the worker's observer hooks
+(:mod:`django_jobs.worker.observer`). The floor worker is measured the same way, from its first
+claim, for reference.
 
 Run as ``python -m bench.cost`` it is the probe itself (a Django process on ``DATABASE_URL``).
 """
@@ -154,7 +155,7 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
 
     from bench.jobs import noop
     from django_jobs import logging as jobs_logging
-    from django_jobs.worker.connection import QueueConnection
+    from django_jobs.worker.observer import Observer
     from django_jobs.worker.supervisor import Supervisor
 
     noop.enqueue_many(((), {}) for _ in range(jobs))
@@ -166,49 +167,34 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
     clock: dict[str, float] = {}
     executors_ready: dict[int, float] = {}
     executors_cpu = 0.0
-    connect = QueueConnection._connect
-    receive, start, shutdown = (
-        Supervisor._receive,
-        Supervisor._start,
-        Supervisor._shutdown_executors,
+
+    class Meter(Observer):
+        """Traces the queue connection; reads CPU from the first claim to the shutdown."""
+
+        def connected(self, conn: Any) -> None:
+            if "backend_pid" not in clock:
+                start_trace(conn, trace)
+                clock["backend_pid"] = conn.info.backend_pid
+
+        def executor_ready(self, pid: int) -> None:
+            executors_ready[pid] = process_cpu_seconds(pid)
+
+        def claimed(self, job: Any) -> None:
+            if "supervisor" not in clock:
+                clock["supervisor"] = own_cpu_seconds()[0]
+                clock["backend"] = process_cpu_seconds(int(clock["backend_pid"]))
+
+        def stopping(self, executor_pids: list[int]) -> None:
+            nonlocal executors_cpu
+            clock["supervisor_end"] = own_cpu_seconds()[0]
+            clock["backend_end"] = process_cpu_seconds(int(clock["backend_pid"]))
+            for pid in executor_pids:
+                if pid in executors_ready:
+                    executors_cpu += process_cpu_seconds(pid) - executors_ready[pid]
+
+    supervisor = Supervisor(
+        concurrency=concurrency, burst=True, install_signals=False, name="cost", observer=Meter()
     )
-
-    def traced_connect(self: QueueConnection) -> Any:
-        fresh = self._conn is None or self._conn.closed
-        conn = connect(self)
-        if fresh and "backend_pid" not in clock:
-            start_trace(conn, trace)
-            clock["backend_pid"] = conn.info.backend_pid
-        return conn
-
-    def noting_receive(self: Supervisor, slot: Any) -> None:
-        was_ready = slot.ready
-        receive(self, slot)
-        if slot.ready and not was_ready:
-            executors_ready[slot.process.pid] = process_cpu_seconds(slot.process.pid)
-
-    def noting_start(self: Supervisor, slot: Any, job: Any) -> None:
-        if "supervisor" not in clock:
-            clock["supervisor"] = own_cpu_seconds()[0]
-            clock["backend"] = process_cpu_seconds(int(clock["backend_pid"]))
-        start(self, slot, job)
-
-    def noting_shutdown(self: Supervisor, *, force: bool) -> None:
-        nonlocal executors_cpu
-        clock["supervisor_end"] = own_cpu_seconds()[0]
-        clock["backend_end"] = process_cpu_seconds(int(clock["backend_pid"]))
-        for slot in self.slots:
-            if slot.process.pid in executors_ready:
-                used = process_cpu_seconds(slot.process.pid) - executors_ready[slot.process.pid]
-                executors_cpu += used
-        shutdown(self, force=force)
-
-    QueueConnection._connect = traced_connect  # type: ignore[method-assign]
-    Supervisor._receive = noting_receive  # type: ignore[method-assign]
-    Supervisor._start = noting_start  # type: ignore[method-assign]
-    Supervisor._shutdown_executors = noting_shutdown  # type: ignore[method-assign]
-
-    supervisor = Supervisor(concurrency=concurrency, burst=True, install_signals=False, name="cost")
     supervisor.run()
     counts = count(trace, OUR_STATEMENTS)
     return {

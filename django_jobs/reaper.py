@@ -6,7 +6,9 @@ finished, was re-claimed, or whose worker turned out to be alive. A reaped attem
 (or ``timeout``); the job is retried while attempts remain, and ends ``error`` otherwise.
 
 :func:`reap` is one pass; :func:`reap_loop` runs passes until told to stop, and outlasts a
-database restart or failover.
+database restart or failover. A worker recovers for itself what it alone can tell is lost:
+the jobs of its own earlier boot (:func:`recover_earlier_boots`), and its orphans
+(:func:`recover_orphans`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +27,13 @@ from django_jobs import conf, db, transitions, workflows
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
-from django_jobs.transitions import RunningJob
+from django_jobs.transitions import Lease, RunningJob, WorkerInfo
 from django_jobs.worker.connection import is_connection_fatal
+from django_jobs.worker.identity import name_of
 
 logger = logging.getLogger("django_jobs.reaper")
+# The recovery a worker makes for itself is logged as the worker's.
+worker_logger = logging.getLogger("django_jobs.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,3 +248,78 @@ def database_unavailable(exc: DatabaseError) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+# ------------------------------------------------------------------ a worker's own recovery
+
+
+def recover_earlier_boots(cursor: Any, worker: WorkerInfo) -> list[ReapAction]:
+    """Recover jobs left running by an earlier boot of ``worker``'s name on its host (a
+    container restarted in its pod keeps the pod name): that boot is certainly gone."""
+    candidates: list[tuple[RunningJob, str, str, float | None]] = []
+    for job in transitions.running_jobs(cursor, conf.timeout_grace()):
+        earlier = job.lease.worker_id
+        if earlier == worker.id or name_of(earlier) != worker.name:
+            continue
+        same_host = job.host == worker.host
+        if job.unregistered or (same_host and (job.pid == worker.pid or not pid_alive(job.pid))):
+            reason = f"worker restarted: earlier boot {earlier} is gone"
+            candidates.append((job, Outcome.LOST, reason, None))
+    return end_attempts(cursor, candidates)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process ``pid`` runs on this host (one that is not ours counts)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Remembered:
+    """A finish that has committed, kept until a later heartbeat proves it is still there."""
+
+    token: str | None
+    replay: Callable[[], None]
+
+
+def recover_orphans(
+    orphans: list[Lease],
+    remembered: dict[int, Remembered],
+    release: Callable[[Lease, dict[str, Any], str], None],
+) -> None:
+    """Deal with jobs running under a worker's id that it does not run (see
+    transitions.heartbeat). Neither case is the job's fault, so neither costs an attempt:
+    a finish the database lost is written again from memory (it is fenced on the lease, so
+    writing it twice is safe); any other orphan is a claim whose reply never reached the
+    worker, and is ``release``d."""
+    for lease in orphans:
+        fields = {
+            "job_id": lease.job_id,
+            "attempt": lease.attempt,
+            "worker_id": lease.worker_id,
+        }
+        known = remembered.get(lease.job_id)
+        if known is not None and known.token == lease.token:
+            worker_logger.warning(
+                "job %d: the database lost its recorded outcome (a crash or failover);"
+                " writing it again",
+                lease.job_id,
+                extra={**fields, "event": "replay"},
+            )
+            known.replay()
+        else:
+            worker_logger.warning(
+                "job %d is running under this worker in the database, but this worker never"
+                " started it (the claim's reply was lost); releasing it without counting"
+                " the attempt",
+                lease.job_id,
+                extra={**fields, "event": "orphan"},
+            )
+            release(lease, fields, "released: its worker never got the claim")

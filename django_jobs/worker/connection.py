@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -38,47 +36,6 @@ def is_connection_fatal(exc: BaseException) -> bool:
     return sqlstate.startswith(_FATAL_SQLSTATE_PREFIXES) or sqlstate in _FATAL_SQLSTATES
 
 
-#: The longest wait between two tries of a database that is away or failing: short, so that a
-#: worker serves jobs within seconds of its database coming (back); a try costs little.
-OUTAGE_RETRY_CAP = 5.0
-
-
-def backoff(failures: int, cap: float = 30.0) -> float:
-    """Seconds to wait after the ``failures``-th failure in a row: doubling from about half a
-    second up to ``cap``, with jitter so that many workers do not retry in step."""
-    return min(cap, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
-
-
-class Complaints:
-    """How often a retry loop logs its failures: a new kind of failure at once, then the same
-    kind at most once per ``interval``, saying how many went unlogged. A database that is away
-    for an hour costs a line a minute, not one per try."""
-
-    def __init__(self, interval: float = 60.0) -> None:
-        self.interval = interval
-        self.logged_at = float("-inf")
-        self.kind: str | None = None
-        self.unlogged = 0
-
-    def due(self, exc: BaseException) -> int | None:
-        """Whether to log ``exc``: ``None`` if not (it is counted), else how many failures since
-        the last line were not logged."""
-        now = time.monotonic()
-        kind = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
-        if kind == self.kind and now - self.logged_at < self.interval:
-            self.unlogged += 1
-            return None
-        self.logged_at, self.kind = now, kind
-        unlogged, self.unlogged = self.unlogged, 0
-        return unlogged
-
-    def reset(self) -> None:
-        """The loop succeeded: the next failure is news again."""
-        self.logged_at = float("-inf")
-        self.kind = None
-        self.unlogged = 0
-
-
 def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     params = dict(connections[alias].get_connection_params())
     params["application_name"] = application_name[:63]
@@ -87,15 +44,26 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
 
 
 class QueueConnection:
-    def __init__(self, alias: str, application_name: str) -> None:
+    """The one connection of a worker's queue work. ``on_connect`` is called with each
+    connection it opens (a benchmark traces the protocol from there)."""
+
+    def __init__(
+        self,
+        alias: str,
+        application_name: str,
+        on_connect: Callable[[psycopg.Connection[Any]], None] | None = None,
+    ) -> None:
         self.alias = alias
         self.application_name = application_name
+        self.on_connect = on_connect
         self._conn: psycopg.Connection[Any] | None = None
         self._cursor: psycopg.Cursor[Any] | None = None
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(**connection_params(self.alias, self.application_name))
+            if self.on_connect is not None:
+                self.on_connect(self._conn)
         return self._conn
 
     @contextlib.contextmanager

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from django_jobs import conf, db
-from django_jobs.worker.connection import (
-    OUTAGE_RETRY_CAP,
-    Complaints,
-    backoff,
-    connection_params,
-)
+from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
+from django_jobs.worker.connection import connection_params
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -34,9 +29,7 @@ class Wakeup:
         self.application_name = application_name
         self.queues = set(queues)
         self.conn: psycopg.Connection[Any] | None = None
-        self.retry_at = 0.0
-        self.failures = 0
-        self.complaints = Complaints()
+        self.backoff = Backoff(OUTAGE_RETRY_CAP)
 
     def _connect(self) -> None:
         url = conf.listen_database_url()
@@ -49,17 +42,15 @@ class Wakeup:
 
     def ensure(self) -> None:
         """(Re)connect if down and due; never raises."""
-        if self.conn is not None or time.monotonic() < self.retry_at:
+        if self.conn is not None or self.backoff.waiting():
             return
         try:
             self._connect()
         except Exception as exc:
             self._failed(exc)
             return
-        if self.failures:
+        if self.backoff.succeeded():
             logger.info("LISTEN connection is back; waking on notifications again")
-            self.complaints.reset()
-        self.failures = 0
 
     def fileno(self) -> int | None:
         return self.conn.pgconn.socket if self.conn is not None else None
@@ -85,16 +76,14 @@ class Wakeup:
 
     def _failed(self, exc: BaseException) -> None:
         self.close()
-        self.failures += 1
-        delay = backoff(self.failures, OUTAGE_RETRY_CAP)
-        self.retry_at = time.monotonic() + delay
-        unlogged = self.complaints.due(exc)
+        delay = self.backoff.failed()
+        unlogged = self.backoff.complaints.due(exc)
         if unlogged is not None:
             logger.warning(
                 "LISTEN connection unavailable (%s); polling, reconnecting in %.1fs%s",
-                str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
+                first_line(exc) or type(exc).__name__,
                 delay,
-                f" ({unlogged} more failed tries since the last report)" if unlogged else "",
+                unlogged_note(unlogged),
             )
 
     def close(self) -> None:

@@ -1,0 +1,227 @@
+"""The queue as a worker sees it: a few statements behind a small protocol.
+
+:class:`Queue` lists what a worker asks of its queue: claim, finish (alone or together with the
+next claim), heartbeat, release, hand back, and the rest. :class:`PostgresQueue` sends each as
+the statements of :mod:`django_jobs.transitions` over the worker's one connection; a fake in
+the unit tests keeps jobs in memory, and another transport (an HTTP API) can plug in here.
+
+:class:`QueueGate` is the one place where the supervisor meets the queue's errors: a failed
+call is logged and backed off, never raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from django_jobs import db, transitions, workflows
+from django_jobs.reaper import recover_earlier_boots
+from django_jobs.transitions import Beat, ClaimedJob, Ended, HandBack, Lease, WorkerInfo
+from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
+from django_jobs.worker.connection import QueueConnection, is_connection_fatal
+
+logger = logging.getLogger("django_jobs.worker")
+
+T = TypeVar("T")
+
+
+class Queue(Protocol):
+    """What a worker asks of its queue. Every write is fenced on the job's lease: a lease that
+    was lost makes it change nothing, and return ``None`` (``False`` for a release). A method
+    raises on a database error; :attr:`broken` then says whether the connection went with it."""
+
+    @property
+    def broken(self) -> bool:
+        """Whether the last error closed the connection (an outage, not a failed statement)."""
+        ...
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str]
+    ) -> ClaimedJob | None: ...
+
+    def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None: ...
+
+    def finish_and_claim(
+        self,
+        lease: Lease,
+        outcome: str,
+        queues: Sequence[str],
+        skip_tasks: Sequence[str],
+        **options: Any,
+    ) -> tuple[Ended | None, ClaimedJob | None]: ...
+
+    def attempt_outcome(self, lease: Lease) -> str | None: ...
+
+    def release(self, lease: Lease, reason: str) -> bool: ...
+
+    def hand_back(
+        self,
+        lease: Lease,
+        task: str,
+        *,
+        give_up_after: float,
+        worker_timeout: float,
+        seen_since: datetime.datetime | None,
+    ) -> HandBack | None: ...
+
+    def settle(self, settling: workflows.Settling, until: float) -> None: ...
+
+    def heartbeat(
+        self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
+    ) -> Beat: ...
+
+    def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
+
+    def unregister(self, worker_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PostgresQueue:
+    """:class:`Queue` over one PostgreSQL connection (autocommit: every statement is its own
+    short transaction), in the statements of :mod:`django_jobs.transitions`."""
+
+    def __init__(self, connection: QueueConnection) -> None:
+        self.connection = connection
+
+    @property
+    def broken(self) -> bool:
+        return self.connection.broken
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str]
+    ) -> ClaimedJob | None:
+        with self.connection.cursor() as cursor:
+            return transitions.claim(cursor, worker_id, queues, skip_tasks)
+
+    def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None:
+        with self.connection.cursor() as cursor:
+            return transitions.finish(cursor, lease, outcome, **options)
+
+    def finish_and_claim(
+        self,
+        lease: Lease,
+        outcome: str,
+        queues: Sequence[str],
+        skip_tasks: Sequence[str],
+        **options: Any,
+    ) -> tuple[Ended | None, ClaimedJob | None]:
+        with self.connection.cursor() as cursor:
+            return transitions.finish_and_claim(
+                cursor, lease, outcome, queues, skip_tasks, **options
+            )
+
+    def attempt_outcome(self, lease: Lease) -> str | None:
+        with self.connection.cursor() as cursor:
+            return transitions.attempt_outcome(cursor, lease)
+
+    def release(self, lease: Lease, reason: str) -> bool:
+        with self.connection.cursor() as cursor:
+            return transitions.release(cursor, lease, reason)
+
+    def hand_back(
+        self,
+        lease: Lease,
+        task: str,
+        *,
+        give_up_after: float,
+        worker_timeout: float,
+        seen_since: datetime.datetime | None,
+    ) -> HandBack | None:
+        with self.connection.cursor() as cursor:
+            return transitions.hand_back(
+                cursor,
+                lease,
+                task,
+                give_up_after=give_up_after,
+                worker_timeout=worker_timeout,
+                seen_since=seen_since,
+            )
+
+    def settle(self, settling: workflows.Settling, until: float) -> None:
+        with self.connection.cursor() as cursor:
+            settling.run(cursor, until=until)
+
+    def heartbeat(
+        self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
+    ) -> Beat:
+        with self.connection.cursor() as cursor:
+            return transitions.heartbeat(cursor, worker, leases, unwritten)
+
+    def recover_earlier_boots(self, worker: WorkerInfo) -> None:
+        with self.connection.cursor() as cursor:
+            recover_earlier_boots(cursor, worker)
+
+    def unregister(self, worker_id: str) -> None:
+        with self.connection.cursor() as cursor:
+            transitions.unregister_worker(cursor, worker_id)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+#: What :meth:`QueueGate.call` returns when the call failed.
+FAILED: Any = object()
+
+
+class QueueGate:
+    """Every call a worker makes to its queue, and the one backoff they share.
+
+    An outage (the connection broke) backs off every use of the queue, tried again at most
+    :data:`~django_jobs.worker.backoff.OUTAGE_RETRY_CAP` apart, and is reported at once, then
+    once a minute. Any other error backs off every use too, unless the call has a backoff of
+    its own (an outbox write: one write that keeps failing must not hold back the others).
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.outage = Backoff(OUTAGE_RETRY_CAP)
+        self.last_error: BaseException | None = None
+        # Whether the last error was an outage or a bounded wait running out: those are retried
+        # for as long as it takes.
+        self.last_error_transient = False
+
+    def waiting(self) -> bool:
+        """Whether the queue is backed off: no call is due yet."""
+        return self.outage.waiting()
+
+    @property
+    def retry_at(self) -> float:
+        return self.outage.retry_at
+
+    def call(self, description: str, fn: Callable[[], T], *, own_backoff: bool = False) -> T:
+        """Return ``fn()``; or, on a database error, log it, back off and return ``FAILED``."""
+        try:
+            result = fn()
+        except Exception as exc:
+            self.last_error = exc
+            self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
+            level = logging.WARNING if self.last_error_transient else logging.ERROR
+            if own_backoff and not self.queue.broken:
+                logger.log(
+                    level,
+                    "database error during %s (%s: %s); trying it again later",
+                    description,
+                    type(exc).__name__,
+                    first_line(exc),
+                )
+                return FAILED
+            delay = self.outage.failed()
+            unlogged = self.outage.complaints.due(exc)
+            if unlogged is not None:
+                logger.log(
+                    level,
+                    "database error during %s (%s: %s); retrying in %.1fs%s",
+                    description,
+                    type(exc).__name__,
+                    first_line(exc),
+                    delay,
+                    unlogged_note(unlogged),
+                )
+            return FAILED
+        failures = self.outage.succeeded()
+        if failures:
+            logger.info("database reachable again after %d failed attempt(s)", failures)
+        return result
