@@ -22,6 +22,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,20 @@ class CrashableCluster:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_cluster(settings: dict[str, str] | None = None) -> Iterator[CrashableCluster]:
+    """A started throwaway cluster, destroyed afterwards; the test is skipped where there are no
+    PostgreSQL binaries to start one with."""
+    import pytest
+
+    try:
+        cluster = CrashableCluster(settings)
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"no PostgreSQL binaries to start a throwaway cluster: {exc}")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()

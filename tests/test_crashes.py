@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from tests.conftest import WorkerProcess, wait_for
-from tests.crashable import CrashableCluster
+from tests.crashable import CrashableCluster, running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
@@ -39,15 +39,8 @@ WORKER_ENV = {
 
 @pytest.fixture(params=["on", "off"], ids=["server-synchronous-commit-on", "server-async"])
 def cluster(request) -> Iterator[CrashableCluster]:
-    try:
-        cluster = CrashableCluster({"synchronous_commit": request.param})
-    except (FileNotFoundError, ImportError) as exc:
-        pytest.skip(f"no PostgreSQL binaries to start a throwaway cluster: {exc}")
-    try:
-        cluster.start()
+    with running_cluster({"synchronous_commit": request.param}) as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 @pytest.fixture

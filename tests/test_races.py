@@ -129,14 +129,9 @@ def test_a_lost_lease_is_noticed_soon_after_an_outage_not_an_interval_later(
     worker_env, tmp_path: Path
 ) -> None:
     from tests.conftest import WorkerProcess
-    from tests.crashable import CrashableCluster
+    from tests.crashable import running_cluster
 
-    try:
-        cluster = CrashableCluster()
-    except (FileNotFoundError, ImportError) as exc:
-        pytest.skip(f"no PostgreSQL binaries to start a throwaway cluster: {exc}")
-    try:
-        cluster.start()
+    with running_cluster() as cluster:
         settings = {
             "JOBS_HEARTBEAT_INTERVAL": "8",
             "JOBS_WORKER_TIMEOUT": "60",
@@ -179,8 +174,6 @@ def test_a_lost_lease_is_noticed_soon_after_an_outage_not_an_interval_later(
             worker.proc.communicate()
         print(f"\nlease loss noticed {noticed:.1f}s after the database came back")
         assert noticed < 4
-    finally:
-        cluster.destroy()
 
 
 def test_a_large_cascade_never_stops_the_workers_heartbeats_or_its_other_jobs(

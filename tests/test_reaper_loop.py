@@ -16,7 +16,7 @@ from django.db import connection
 
 from django_jobs.models import Attempt, Job
 from tests.conftest import ROOT, wait_for
-from tests.crashable import CrashableCluster
+from tests.crashable import CrashableCluster, running_cluster
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,15 +98,8 @@ def test_reapjobs_loop_outlives_its_session_being_killed(worker_env, start_reape
 
 @pytest.fixture
 def cluster() -> Iterator[CrashableCluster]:
-    try:
-        cluster = CrashableCluster()
-    except (FileNotFoundError, ImportError) as exc:
-        pytest.skip(f"no PostgreSQL binaries to start a throwaway cluster: {exc}")
-    try:
-        cluster.start()
+    with running_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 @pytest.mark.slow
