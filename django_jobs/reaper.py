@@ -28,6 +28,7 @@ from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
 from django_jobs.transitions import Lease, RunningJob, WorkerInfo
+from django_jobs.worker.backoff import first_line
 from django_jobs.worker.connection import is_connection_fatal
 from django_jobs.worker.identity import name_of
 
@@ -221,7 +222,7 @@ def reap_loop(
             logger.warning(
                 "reaper pass failed (%s: %s); trying again in %.1fs",
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
                 delay,
             )
         else:
@@ -243,11 +244,6 @@ def database_unavailable(exc: DatabaseError) -> bool:
     return isinstance(exc, OperationalError | InterfaceError) or is_connection_fatal(
         exc.__cause__ or exc
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 # ------------------------------------------------------------------ a worker's own recovery
