@@ -75,16 +75,14 @@ def _encode(
     args_value, kwargs_value = list(args), dict(kwargs)
     # Flat arguments of exactly str, int, bool and None (the common case) are JSON as they are;
     # anything else is walked and checked element by element.
-    if not (
-        all(type(value) in _FLAT_TYPES for value in args_value)
-        and (
-            not kwargs_value
-            or (
-                all(type(value) in _FLAT_TYPES for value in kwargs_value.values())
-                and all(type(key) is str for key in kwargs_value)
-            )
+    flat = all(type(value) in _FLAT_TYPES for value in args_value) and (
+        not kwargs_value
+        or (
+            all(type(value) in _FLAT_TYPES for value in kwargs_value.values())
+            and all(type(key) is str for key in kwargs_value)
         )
-    ):
+    )
+    if not flat:
         args_value = _check_json(args_value, "args")
         kwargs_value = _check_json(kwargs_value, "kwargs")
     try:
@@ -92,8 +90,9 @@ def _encode(
         kwargs_json = _JSON.encode(kwargs_value) if kwargs_value else "{}"
     except ValueError as exc:  # an int too long to write out, say
         raise InvalidPayload(f"job arguments cannot be written as JSON: {exc}") from None
-    if may_hold_unstorable(args_json) or may_hold_unstorable(kwargs_json):
-        # A flat string with a NUL or a lone surrogate: the walk names it.
+    if flat and (may_hold_unstorable(args_json) or may_hold_unstorable(kwargs_json)):
+        # A flat string may hold a NUL or a lone surrogate (the walk above checked the rest):
+        # the walk names it.
         _check_json(args_value, "args")
         _check_json(kwargs_value, "kwargs")
     size = len(args_json) + len(kwargs_json)  # the encoder writes ASCII: characters are bytes

@@ -154,12 +154,11 @@ def validate_options(
     unique_key: Any = None,
 ) -> None:
     """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
-    if queue is not None and (
-        not isinstance(queue, str) or not queue or len(queue) > 100 or unstorable(queue)
-    ):
+    why = unstorable(queue) if isinstance(queue, str) else None
+    if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100 or why):
         raise InvalidOption(
             f"queue must be a non-empty string of at most 100 characters, not {queue!r}"
-            + (f": it {unstorable(queue)}" if isinstance(queue, str) and unstorable(queue) else "")
+            + (f": it {why}" if why else "")
         )
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise InvalidOption(f"priority must be an integer from -100 to 100, not {priority!r}")
