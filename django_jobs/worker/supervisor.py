@@ -244,26 +244,26 @@ class Supervisor:
             )
             if job is FAILED:
                 return
-            handed_back = job is not None and job.task not in registry
-            self.claimed(slot, job)
-            if handed_back:
-                # Back to the loop between two of them, so that however many there are,
+            if not self.claimed(slot, job):
+                # Back to the loop between two hand-backs, so that however many there are,
                 # heartbeats and executors are served in between; the next claim comes at once.
                 return
 
-    def claimed(self, slot: Slot, job: ClaimedJob | None) -> None:
-        """Start a claimed job in ``slot``; or, if the queue had none, wait for the next poll."""
+    def claimed(self, slot: Slot, job: ClaimedJob | None) -> bool:
+        """Start a claimed job in ``slot``; or, if the queue had none, wait for the next poll.
+        False if the job was handed back instead (its task is not registered here)."""
         if job is None:
             self.queue_may_have_work = False
             self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
-            return
+            return True
         if job.task not in registry:
             # Never hand an executor a name it would have to import. A worker that has the task
             # may exist (a rolling deploy): hand the job back without counting the attempt.
             self.writes.hand_back(job)
-            return
+            return False
         self.stats.claimed += 1
         self._start(slot, job)
+        return True
 
     def _start(self, slot: Slot, job: ClaimedJob) -> None:
         self.observer.claimed(job)

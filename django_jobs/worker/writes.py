@@ -41,8 +41,9 @@ class NextJob(Protocol):
         """The slot a claim made now would fill; ``None`` if no claim should be made now."""
         ...
 
-    def claimed(self, slot: Slot, job: ClaimedJob | None) -> None:
-        """Start ``job`` (claimed for ``slot``); ``None``: the queue had no job."""
+    def claimed(self, slot: Slot, job: ClaimedJob | None) -> bool:
+        """Start ``job`` (claimed for ``slot``); ``None``: the queue had no job. False if the
+        job was handed back instead."""
         ...
 
 
