@@ -1,0 +1,139 @@
+"""The operator's admin: a fast job list at any size, retry/cancel/run-now with permissions, and a
+read-only job page with its attempts, graph and timeline.
+
+Speed at millions of rows: the list never runs a full ``COUNT(*)`` (see
+:class:`EstimatedCountPaginator`), shows no facets, offers filters with fixed choices (never
+``SELECT DISTINCT`` over the table), and orders by the primary key, newest first.
+
+This module assembles :class:`JobAdmin` from its parts and registers it and the dashboard:
+
+- :mod:`~django_jobs.admin.listing`: the list's rows: paginator, search, allowed lookups;
+- :mod:`~django_jobs.admin.filters`: the list's filters;
+- :mod:`~django_jobs.admin.display`: the columns and fields, and the attempts' table;
+- :mod:`~django_jobs.admin.masking`: the masked payloads, errors and tracebacks;
+- :mod:`~django_jobs.admin.actions`: retry, cancel, run now and delete, with their permissions;
+- :mod:`~django_jobs.admin.dashboard`: the dashboard page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import flatten_fieldsets
+from django.http import HttpRequest
+
+from django_jobs.admin.actions import JobActions
+from django_jobs.admin.dashboard import DashboardAdmin
+from django_jobs.admin.display import AttemptInline, JobColumns, badge
+from django_jobs.admin.filters import (
+    CreatedFilter,
+    FinishedFilter,
+    FixedChoicesFilter,
+    ParentFilter,
+    QueueFilter,
+    RecentFilter,
+    StateFilter,
+    TaskFilter,
+)
+from django_jobs.admin.listing import (
+    MAX_JOB_ID,
+    EstimatedCountPaginator,
+    JobList,
+    job_id,
+    storable,
+)
+from django_jobs.models import Dashboard, Job
+
+__all__ = [
+    "MAX_JOB_ID",
+    "AttemptInline",
+    "CreatedFilter",
+    "DashboardAdmin",
+    "EstimatedCountPaginator",
+    "FinishedFilter",
+    "FixedChoicesFilter",
+    "JobAdmin",
+    "ParentFilter",
+    "QueueFilter",
+    "RecentFilter",
+    "StateFilter",
+    "TaskFilter",
+    "badge",
+    "job_id",
+    "storable",
+]
+
+
+@admin.register(Job)
+class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "task",
+        "state_badge",
+        "queue",
+        "priority",
+        "attempts",
+        "worker_id",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "took",
+    ]
+    list_display_links = ["id", "task"]
+    list_filter = [
+        StateFilter,
+        QueueFilter,
+        TaskFilter,
+        CreatedFilter,
+        FinishedFilter,
+        ParentFilter,
+    ]
+    search_fields = ["task"]  # see get_search_results
+    search_help_text = "Exact job id, task name prefix, worker id prefix, or exact unique key."
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    list_per_page = 100
+    actions = ["retry_selected", "cancel_selected", "run_selected_now", "delete_selected"]
+    inlines = [AttemptInline]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("id", "task", "state_badge"),
+                    ("queue", "priority", "attempts"),
+                    ("worker_id", "unique_key", "cancel_requested"),
+                    "error_text",
+                ]
+            },
+        ),
+        (
+            "Timing",
+            {
+                "fields": [
+                    ("created_at", "run_after"),
+                    ("started_at", "finished_at", "took"),
+                    "timeline",
+                ]
+            },
+        ),
+        ("Payload", {"fields": ["args_pretty", "kwargs_pretty", "result_pretty"]}),
+        ("Graph", {"fields": ["graph"]}),
+    ]
+    #: Every field of the job page: none is editable.
+    readonly_fields = flatten_fieldsets(fieldsets)
+
+    class Media:
+        css = {"all": ["django_jobs/admin.css"]}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are enqueued by code, never typed in
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # every field is read-only; state changes go through the actions
+
+
+admin.site.register(Dashboard, DashboardAdmin)

@@ -1,0 +1,169 @@
+"""What an operator may do to jobs from the admin, and who may: retry, cancel and run now (from
+the list's action menu or the buttons on a job's page), and delete finished jobs. Each is done
+by :mod:`django_jobs.actions` in short transactions, and each checks its own permission
+(``retry_job``, ``cancel_job``, ``run_job_now``; Django's ``delete_job`` for deleting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import URLPattern, path, reverse
+
+from django_jobs import actions, conf
+from django_jobs.models import Attempt, Job
+from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
+
+
+class JobActions(admin.ModelAdmin):
+    """The part of :class:`~django_jobs.admin.JobAdmin` that changes jobs: its actions, the
+    job page's buttons and their URLs, deletion, and the permissions they check."""
+
+    # -------------------------------------------------------------- permissions
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.state not in TERMINAL_STATES:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.cancel_job")
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.run_job_now")
+
+    # -------------------------------------------------------------- deleting
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # A small batch per statement, SKIP LOCKED, never one transaction over the selection.
+        report = actions.delete(queryset.filter(state__in=TERMINAL_STATES))
+        if report.skipped:
+            self.message_user(request, report.message("deleted"), messages.WARNING)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
+        """The confirmation page's summary, counted in SQL: Django's own would load every
+        selected job and its attempts into memory to list them."""
+        if isinstance(objs, QuerySet):
+            ids: Iterable[int] = objs.values_list("pk", flat=True)
+        else:
+            ids = [obj.pk for obj in objs]
+        jobs = Job.objects.filter(pk__in=ids, state__in=TERMINAL_STATES)
+        counts = {
+            "jobs (finished; unfinished ones are kept)": jobs.count(),
+            "attempts": Attempt.objects.filter(job__in=jobs).count(),
+        }
+        perms_needed = set() if self.has_delete_permission(request) else {"job"}
+        summary = [f"{n} {what}" for what, n in counts.items()]
+        return summary, counts, perms_needed, []
+
+    # -------------------------------------------------------------- actions
+
+    PERMISSIONS = {
+        "retry_selected": "retry",
+        "cancel_selected": "cancel",
+        "run_selected_now": "run_now",
+    }
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Django leaves an action the user may not run out of the menu, and ignores it when
+        # posted; posting one anyway is refused outright instead.
+        if request.method == "POST":
+            permission = self.PERMISSIONS.get(request.POST.get("action", ""))
+            if permission and not getattr(self, f"has_{permission}_permission")(request):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Retry selected jobs", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._report(request, actions.retry(queryset), "requeued")
+
+    @admin.action(description="Cancel selected jobs", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._report(request, actions.cancel(queryset), "cancelled or asked to stop")
+
+    @admin.action(description="Run selected pending jobs now", permissions=["run_now"])
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._report(request, actions.run_now(queryset), "made ready now")
+
+    def _report(self, request: HttpRequest, report: actions.ActionReport, done: str) -> None:
+        level = messages.SUCCESS if report.changed else messages.WARNING
+        self.message_user(request, report.message(done), level)
+
+    # -------------------------------------------------------------- the job page's buttons
+
+    def get_urls(self) -> list[URLPattern]:
+        # Every page runs outside ATOMIC_REQUESTS' transaction: an action's statements are each
+        # their own short transaction with bounded waits, never one long one over the selection.
+        non_atomic = transaction.non_atomic_requests(using=conf.database_alias())
+        urls = self._urls()
+        for pattern in urls:
+            non_atomic(pattern.callback)
+        return urls
+
+    def _urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<int:pk>/retry/",
+                wrap(self.job_action_view),
+                {"action": "retry_selected"},
+                name="django_jobs_job_retry",
+            ),
+            path(
+                "<int:pk>/cancel/",
+                wrap(self.job_action_view),
+                {"action": "cancel_selected"},
+                name="django_jobs_job_cancel",
+            ),
+            path(
+                "<int:pk>/run-now/",
+                wrap(self.job_action_view),
+                {"action": "run_selected_now"},
+                name="django_jobs_job_run_now",
+            ),
+            *super().get_urls(),
+        ]
+
+    def job_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
+        """The buttons on a job's page: POST only, same permissions as the list actions."""
+        if request.method != "POST":
+            return HttpResponse(status=405, headers={"Allow": "POST"})
+        if not getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job, pk=pk)
+        getattr(self, action)(request, Job.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:django_jobs_job_change", args=[job.pk]))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        buttons = []
+        if job is not None:
+            if job.state in RETRY.sources and self.has_retry_permission(request):
+                buttons.append(("Retry", "admin:django_jobs_job_retry"))
+            if job.state in CANCEL.sources and self.has_cancel_permission(request):
+                buttons.append(("Cancel", "admin:django_jobs_job_cancel"))
+            if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
+                buttons.append(("Run now", "admin:django_jobs_job_run_now"))
+        context = {
+            **(extra_context or {}),
+            "job_buttons": [(label, reverse(name, args=[object_id])) for label, name in buttons],
+        }
+        return super().change_view(request, object_id, form_url, context)

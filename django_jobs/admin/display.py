@@ -1,0 +1,179 @@
+"""How a job and its attempts read in the admin: state badges, durations, the list's columns,
+the job page's fields (payloads masked, related jobs, timeline) and its table of attempts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from django_jobs.admin.masking import masked_error, masked_json, masked_text
+from django_jobs.models import Attempt, Job
+from django_jobs.states import State
+
+
+def badge(state: str, label: str | None = None) -> SafeString:
+    return format_html('<span class="dj-badge dj-{}">{}</span>', state, label or state)
+
+
+def duration(value: timedelta | None) -> str:
+    if value is None:
+        return "-"
+    seconds = value.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+@admin.display(description="duration")
+def _took(self: Any, run: Job | Attempt) -> str:
+    """The duration column of the jobs and of a job's attempts."""
+    return duration(run.duration)
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    ordering = ["number", "id"]
+    fields = readonly_fields = (
+        "number",
+        "worker_id",
+        "started_at",
+        "finished_at",
+        "took",
+        "result",
+        "details",
+    )
+    verbose_name_plural = "attempts"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    took = _took
+
+    @admin.display(description="outcome")
+    def result(self, attempt: Attempt) -> SafeString:
+        return badge(attempt.outcome)
+
+    @admin.display(description="error")
+    def details(self, attempt: Attempt) -> SafeString | str:
+        return masked_error(attempt.error, attempt.traceback)
+
+
+def _payload_field(field: str) -> Callable[[Any, Job], SafeString]:
+    """A job page field showing the job's JSON column ``field``, masked."""
+
+    @admin.display(description=field)
+    def show(self: Any, job: Job) -> SafeString:
+        return masked_json(getattr(job, field))
+
+    return show
+
+
+class JobColumns(admin.ModelAdmin):
+    """The part of :class:`~django_jobs.admin.JobAdmin` that renders the list's columns and the
+    job page's read-only fields."""
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, job: Job) -> SafeString:
+        label = job.state
+        if job.state == State.RUNNING and job.cancel_requested:
+            label = "running (cancelling)"
+        return badge(job.state, label)
+
+    @admin.display(description="attempts")
+    def attempts(self, job: Job) -> str:
+        return f"{job.attempt}/{job.max_attempts}"
+
+    took = _took
+
+    @admin.display(description="error")
+    def error_text(self, job: Job) -> str:
+        return masked_text(job.error)
+
+    args_pretty = _payload_field("args")
+    kwargs_pretty = _payload_field("kwargs")
+    result_pretty = _payload_field("result")
+
+    @admin.display(description="related jobs")
+    def graph(self, job: Job) -> SafeString:
+        sections: list[tuple[str, QuerySet[Job], int | None]] = []
+        if job.parent_id:
+            sections.append(("Parent", Job.objects.filter(pk=job.parent_id), 1))
+        sections.append(("Children", job.children.order_by("id"), job.children.count()))
+        sections.append(("Depends on", job.dependencies, None))
+        sections.append(("Needed by", job.dependents, None))
+        rows = []
+        for title, queryset, total in sections:
+            related = list(queryset.only("id", "task", "state")[:50])
+            if not related:
+                continue
+            links = format_html_join(
+                " ",
+                '<a href="{}">#{} {}</a> {}',
+                (
+                    (
+                        reverse("admin:django_jobs_job_change", args=[r.pk]),
+                        r.pk,
+                        r.task,
+                        badge(r.state),
+                    )
+                    for r in related
+                ),
+            )
+            more = ""
+            if total is not None and total > len(related):
+                url = reverse("admin:django_jobs_job_changelist") + f"?parent={job.pk}"
+                more = format_html(' <a href="{}">… {} in all</a>', url, total)
+            rows.append(format_html("<div><strong>{}:</strong> {}{}</div>", title, links, more))
+        if not rows:
+            return format_html("<span>{}</span>", "none")
+        return format_html_join("", "{}", ((row,) for row in rows))
+
+    @admin.display(description="timeline")
+    def timeline(self, job: Job) -> SafeString:
+        events: list[tuple[datetime, str, str]] = [(job.created_at, "enqueued", "pending")]
+        for attempt in job.attempts.order_by("number", "id"):
+            events.append(
+                (
+                    attempt.started_at,
+                    f"attempt {attempt.number} started on {attempt.worker_id}",
+                    "running",
+                )
+            )
+            if attempt.finished_at:
+                events.append(
+                    (
+                        attempt.finished_at,
+                        f"attempt {attempt.number} ended {attempt.outcome}",
+                        attempt.outcome,
+                    )
+                )
+        if job.finished_at:
+            events.append((job.finished_at, f"job {job.state}", job.state))
+        events.sort(key=lambda e: e[0])
+        return format_html(
+            '<ol class="dj-timeline">{}</ol>',
+            format_html_join(
+                "",
+                "<li><time>{}</time> {}</li>",
+                (
+                    (when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], badge(state, text))
+                    for when, text, state in events
+                ),
+            ),
+        )
