@@ -29,7 +29,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import pgbouncer as launcher  # noqa: E402 - after the path is set
+from support import pgbouncer as launcher  # noqa: E402 - after the path is set
 
 URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_connections")
 SETUPS = [(1, 1), (1, 4), (1, 16), (4, 4)]  # (worker processes, slots each)

@@ -154,14 +154,14 @@ def probe(jobs: int, concurrency: int, log_level: str) -> dict[str, Any]:
     from django.db import connection
 
     from bench.jobs import noop
-    from django_jobs import logging as jobs_logging
+    from django_jobs import logs
     from django_jobs.worker.observer import Observer
     from django_jobs.worker.supervisor import Supervisor
 
     noop.enqueue_many(((), {}) for _ in range(jobs))
     with connection.cursor() as cursor:  # as autovacuum would, and as the throughput runs do
         cursor.execute("ANALYZE django_jobs_job")
-    jobs_logging.configure(log_level, "text")
+    logs.configure(log_level, "text")
 
     trace = Path(tempfile.mkdtemp()) / "queue.trace"
     clock: dict[str, float] = {}

@@ -4,7 +4,7 @@
     python bench/dashboard_preview.py --database-url postgres://postgres@127.0.0.1:5432/ops_views_1m
 
 This is not Grafana: it runs each panel query of ``grafana/django-jobs.json``, expanded as
-Grafana would (``tests/grafana.py``, last 6 hours, every queue), and draws the rows in the
+Grafana would (``support/grafana.py``, last 6 hours, every queue), and draws the rows in the
 dashboard's layout, so the panels can be seen without a Grafana server. It needs matplotlib
 and psycopg, which are not dependencies of django-jobs: use any Python with both installed. The
 database should hold data worth drawing, e.g. the one ``bench/views_cost.py`` fills.
@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.grafana import expand, load, panels  # noqa: E402
+from support.grafana import expand, load, panels  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/ops_views_1m"
 NOTE = (

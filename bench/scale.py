@@ -9,7 +9,7 @@ the tables are vacuumed and analysed, as autovacuum would. At each size:
   is rolled back so that every run sees the same table: the median round trip as the client
   sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
   BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
-- a reaper pass (``django_jobs.reaper.reap``) over a few running jobs whose worker is alive.
+- a reaper pass (``django_jobs.reaper.reap_pass``) over a few running jobs whose worker is alive.
 
 The admin changelist and the operations views at a million rows are measured by
 ``bench/admin_pages.py`` and ``bench/views_cost.py``.
@@ -190,12 +190,12 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
 
 
 def _measure_reaper(passes: int = 5) -> float:
-    from django_jobs.reaper import reap
+    from django_jobs.reaper import reap_pass
 
     times = []
     for _ in range(passes):
         start = time.perf_counter()
-        report = reap()
+        report = reap_pass()
         times.append(time.perf_counter() - start)
         if report.reaped:
             raise RuntimeError("the reaper reaped jobs of a live worker")

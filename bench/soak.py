@@ -225,7 +225,7 @@ def prepare(url: str, history: int) -> None:
     """Create and migrate the database, empty the job tables, seed finished history."""
     sys.path.insert(0, str(ROOT))
     from bench.core import ensure_migrated
-    from tests.history import fill_history
+    from support.history import fill_history
 
     ensure_migrated(url, "testproject.settings")
 

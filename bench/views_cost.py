@@ -53,7 +53,7 @@ def queries() -> list[tuple[str, str]]:
 def dashboard_queries(cursor: Any) -> list[tuple[str, str]]:
     """The Grafana dashboard's panel queries, expanded as Grafana would with its default time
     range (the last 6 hours) and every queue selected."""
-    from tests.grafana import expand, load, panel_queries
+    from support.grafana import expand, load, panel_queries
 
     variable = next(v for v in load()["templating"]["list"] if v["name"] == "queue")
     queues = [row[0] for row in cursor.execute(variable["query"]).fetchall()]
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(ROOT))
     from bench.core import ensure_migrated
-    from tests.history import fill_history
+    from support.history import fill_history
 
     ensure_migrated(args.database_url, "testproject.settings")
     with psycopg.connect(args.database_url, autocommit=True) as conn, conn.cursor() as cursor:

@@ -24,6 +24,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, QuerySet
 
 from django_jobs import conf, prune, transitions, workflows
+from django_jobs.cursor import Cursor
 from django_jobs.models import Job
 from django_jobs.registry import registry
 from django_jobs.states import RETRY
@@ -100,7 +101,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
     """Requeue jobs in error or cancelled, with a fresh budget of attempts each. A job whose
     unique key another active job holds is skipped, with a note that names that job."""
 
-    def change(cursor: Any, batch: list[int]) -> transitions.Changes:
+    def change(cursor: Cursor, batch: list[int]) -> transitions.Changes:
         rows = Job.objects.using(conf.database_alias()).filter(
             pk__in=batch, state__in=RETRY.sources
         )
@@ -126,7 +127,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
                 result.busy += one.busy
             return result
 
-    def explain(cursor: Any, skipped: list[int], report: ActionReport) -> None:
+    def explain(cursor: Cursor, skipped: list[int], report: ActionReport) -> None:
         holders = transitions.unique_key_holders(cursor, skipped)
         for job_id, (key, holder, state) in sorted(holders.items()):
             report.notes.append(

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -143,8 +143,10 @@ class JobsBackend(compat.BaseTaskBackend):
         ``TaskResultDoesNotExist`` if there is no such job or it does not run a ``@task``."""
         return self._read(_job_id(result_id))
 
-    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        yield from super().check(**kwargs)
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        return [*super().check(**kwargs), *self._problems()]
+
+    def _problems(self) -> Iterator[checks.CheckMessage]:
         name = f"{type(self).__name__} (TASKS[{self.alias!r}])"
         if not apps.is_installed("django_jobs"):
             yield checks.Error(
@@ -227,7 +229,7 @@ class JobsBackend(compat.BaseTaskBackend):
         self, job: Job, attempts: Sequence[Attempt], *, task: compat.Task
     ) -> compat.TaskResult:
         status = STATUS[job.state]
-        result = compat.TaskResult(
+        result: compat.TaskResult = compat.TaskResult(
             task=task,
             id=str(job.pk),
             status=status,
@@ -284,7 +286,7 @@ class TaskRunner:
             value = _json_value(call(args, kwargs))
         except BaseException as exc:
             # The worker retries a failure unless it is a Fail or the last attempt (the finish
-            # statement in transitions.py decides the same way).
+            # function of sql/functions.sql decides the same way).
             retried = not isinstance(exc, Fail) and context.attempt < context.max_attempts
             result.errors.append(
                 compat.TaskError(

@@ -7,13 +7,15 @@ in django-jobs imports the framework's names from here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import django
 from django.core.exceptions import ImproperlyConfigured
 
 #: The module users import ``task`` from: ``"django.tasks"`` or ``"django_tasks"``.
 TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
 
-if django.VERSION >= (6, 0):
+if TYPE_CHECKING or django.VERSION >= (6, 0):  # mypy reads the types of django.tasks
     from django.tasks import (
         DEFAULT_TASK_QUEUE_NAME,
         Task,

@@ -13,9 +13,31 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from django_jobs.exceptions import InvalidOption
+
 
 def _get(name: str, default: Any) -> Any:
     return getattr(settings, name, default)
+
+
+DEFAULT_SENSITIVE_KEYS = (
+    "password",
+    "passwd",
+    "token",
+    "secret",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+)
+
+
+def sensitive_keys() -> tuple[str, ...]:
+    """``JOBS_SENSITIVE_KEYS``: substrings of key names whose values are masked (case-insensitive)
+    in the admin, the logs and stored tracebacks. Default: password, passwd, token, secret,
+    api_key, apikey, authorization, credential, private_key."""
+    return tuple(k.lower() for k in _get("JOBS_SENSITIVE_KEYS", DEFAULT_SENSITIVE_KEYS))
 
 
 def database_alias() -> str:
@@ -233,7 +255,8 @@ _UNIT_SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400
 def parse_duration(value: str | float | timedelta) -> timedelta:
     """A duration as written in settings and on the command line: a ``timedelta``, a number of
     seconds, or a number with a unit (``s``, ``m``, ``h``, ``d``, ``w``): ``"90s"``, ``"12h"``,
-    ``"14d"``. Raises ``ValueError`` for anything else, or a negative duration."""
+    ``"14d"``. Raises ``InvalidOption`` (a ``ValueError``) for anything else, or a negative
+    duration."""
     if isinstance(value, timedelta):
         duration = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -241,10 +264,12 @@ def parse_duration(value: str | float | timedelta) -> timedelta:
     else:
         match = _DURATION.fullmatch(str(value).strip().lower())
         if match is None:
-            raise ValueError(f"expected a duration such as 90s, 15m, 12h, 14d or 2w, got {value!r}")
+            raise InvalidOption(
+                f"expected a duration such as 90s, 15m, 12h, 14d or 2w, got {value!r}"
+            )
         duration = timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
     if duration < timedelta(0):
-        raise ValueError(f"a duration cannot be negative, got {value!r}")
+        raise InvalidOption(f"a duration cannot be negative, got {value!r}")
     return duration
 
 

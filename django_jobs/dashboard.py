@@ -53,7 +53,7 @@ def context() -> dict[str, Any]:
     workers = [
         {**w, "seen_ago": stats.format_age(w["seen_seconds_ago"]) or "0s"} for w in stats.workers()
     ]
-    running = list(
+    running_jobs = (
         Job.objects.filter(state=Job.State.RUNNING)
         .annotate(running_for=Now() - F("started_at"))
         .only(
@@ -69,8 +69,7 @@ def context() -> dict[str, Any]:
         )
         .order_by("started_at")[:50]
     )
-    for job in running:
-        job.running_for_text = stats.format_age(job.running_for.total_seconds())
+    running = [(job, stats.format_age(job.running_for.total_seconds())) for job in running_jobs]
     stuck = [
         {
             **s,

@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 
 from django_jobs import conf
+from django_jobs.cursor import Cursor
 
 #: The NOTIFY channel; a notification's payload is the name of the queue that has work.
 CHANNEL = "django_jobs"
@@ -40,7 +41,7 @@ LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"
 
 
-def raw_cursor(cursor: Any) -> Any:
+def raw_cursor(cursor: Cursor) -> Any:
     """The driver's cursor behind ``cursor``."""
     # A Django CursorWrapper keeps the driver's cursor in .cursor; a psycopg cursor is itself.
     return getattr(cursor, "cursor", cursor)
@@ -50,14 +51,14 @@ def _own_transaction(raw: Any) -> bool:
     return bool(raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
-def _client_side(cursor: Any, raw: Any) -> Any:
+def _client_side(cursor: Cursor, raw: Any) -> Any:
     """``cursor`` if it binds client-side, else a client-side cursor on the same connection."""
     if isinstance(raw, psycopg.ClientCursor):
         return cursor
     return psycopg.ClientCursor(raw.connection)
 
 
-def execute(cursor: Any, sql: str, params: Any = None) -> Any:
+def execute(cursor: Cursor, sql: str, params: Any = None) -> Any:
     """Execute ``sql`` with bounded waits (and a durable commit, when it is its own transaction;
     see above); return the cursor that holds its rows (``cursor``, or one on its connection)."""
     raw = raw_cursor(cursor)
@@ -107,20 +108,17 @@ def is_timeout(exc: BaseException) -> bool:
     return False
 
 
-def execute_together(cursor: Any, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
+def execute_together(cursor: Cursor, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     """Run several statements as one transaction in one round trip; return each one's rows.
 
-    Like :func:`execute`, with bounded waits and a durable commit, when the connection is idle:
-    the statements are bound here and sent as one simple-query message, which PostgreSQL runs as
-    a single implicit transaction. Inside a caller's transaction they run one after the other.
+        Like :func:`execute`, with bounded waits and a durable commit, when the connection is idle:
+        the statements are bound here and sent as one simple-query message, which PostgreSQL runs as
+        a single implicit transaction. Inside a caller's transaction they run one after the other,
+    each as :func:`execute` runs it.
     """
     raw = raw_cursor(cursor)
     if not _own_transaction(raw):
-        results = []
-        for sql, params in statements:
-            cursor.execute(sql, params)
-            results.append(cursor.fetchall())
-        return results
+        return [execute(cursor, sql, params).fetchall() for sql, params in statements]
     sender = _client_side(cursor, raw)
     driver = raw_cursor(sender)
     parts = [_settings_statement(), *(driver.mogrify(sql, params) for sql, params in statements)]

@@ -19,10 +19,12 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
 from django_jobs import conf, db, workflows
+from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
-from django_jobs.states import ACTIVE_STATES, ENQUEUE, UNSUCCESSFUL_STATES, State, sql_in
+from django_jobs.sql import query
+from django_jobs.states import ENQUEUE, UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
 
 logger = logging.getLogger("django_jobs.enqueue")
@@ -133,91 +135,36 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
     return run_after, 0.0
 
 
-# Columns written on enqueue; everything else comes from the columns' database defaults.
-_COLUMNS = (
-    "task, queue, priority, state, args, kwargs, max_attempts, timeout, run_after, parent_id,"
-    " parent_attempt, unique_key, error, finished_at"
-)
-# The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now;
-# the notification is delivered when the enqueueing transaction commits, and never if it rolls
-# back. It carries only the queue name.
-_RETURNING = f"""id, state, attempt, run_after, created_at, finished_at, parent_attempt,
-    (CASE WHEN state = 'pending' AND run_after <= now()
-          THEN pg_notify('{db.CHANNEL}', queue) END) IS NULL"""
-
-# run_after is a given timestamp or the database clock plus a delay, never an app clock.
-# now() is the transaction's clock, which the claim compares run_after with.
-_INSERT_ONE = ENQUEUE.statement(f"""
-INSERT INTO django_jobs_job ({_COLUMNS})
-VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
-        %(max_attempts)s, %(timeout)s,
-        COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
-        %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
-        %(unique_key)s, %(reason)s,
-        CASE WHEN %(state)s = 'cancelled' THEN now() END)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN {sql_in(ACTIVE_STATES)}
-DO NOTHING
-RETURNING {_RETURNING}
-""")
-
-# Bulk enqueue writes its rows with COPY, the fastest way into a table. First, in one
-# statement, it takes the rows' ids from the table's identity sequence and the values every row
-# shares from the database clock (run_after, created_at, and finished_at for jobs born
-# cancelled), and asks for the wake-up of idle workers if the jobs are ready now (delivered at
-# commit, like every NOTIFY). Then one COPY writes all the rows. Both run in one transaction.
-_RESERVE_MANY = f"""
-SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
-             FROM generate_series(1, %(count)s)),
-       r.run_after, statement_timestamp(), CASE WHEN %(state)s = 'cancelled' THEN now() END,
-       (CASE WHEN %(state)s = 'pending' AND r.run_after <= now()
-             THEN pg_notify('{db.CHANNEL}', %(queue)s) END) IS NULL,
-       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s)
-FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
-             AS run_after) r
-"""
-# Then the rows, in one COPY: their ids, their arguments, and the values they share that differ
-# from the columns' defaults (see enqueue_many).
+# Bulk enqueue writes its rows with one COPY (after reserve_jobs, see enqueue.sql): their ids,
+# their arguments, and the values they share that differ from the columns' defaults, which
+# enqueue_many names in the column list. The one statement that is not in django_jobs/sql/.
 _COPY = ENQUEUE.statement("COPY django_jobs_job ({columns}) FROM STDIN")
 
-# The dependencies' states, read without a lock: the enqueueing transaction may stay open for
-# as long as the application likes, and must not hold back the dependencies' finishes (the
-# dependency rows' foreign keys take only FOR KEY SHARE, which a finish does not wait for). A
-# dependency that ends while the transaction is open cannot see the new dependent, so the new
-# jobs are checked again once the transaction has committed (workflows.settle_new_dependents).
-_READ_DEPENDENCIES = """
-SELECT id, state, task FROM django_jobs_job WHERE id = ANY(%s) ORDER BY id
-"""
 
-_INSERT_DEPENDENCIES = """
-INSERT INTO django_jobs_dependency (job_id, depends_on_id)
-SELECT j, d FROM unnest(%s::bigint[]) AS j CROSS JOIN unnest(%s::bigint[]) AS d
-"""
-
-_FIND_ACTIVE_UNIQUE = f"""
-SELECT id FROM django_jobs_job
-WHERE unique_key = %s AND state IN {sql_in(ACTIVE_STATES)}
-"""
-
-
-_PARENT_EXISTS = "SELECT 1 FROM django_jobs_job WHERE id = %s"
-
-
-def _check_parent(cursor: Any, parent_id: int | None) -> None:
+def _check_parent(cursor: Cursor, parent_id: int | None) -> None:
     """Raise before anything is written if the parent does not exist (its foreign key is checked
     only at commit, after enqueue would have returned a job)."""
-    if parent_id is not None and db.execute(cursor, _PARENT_EXISTS, [parent_id]).fetchone() is None:
+    if (
+        parent_id is not None
+        and db.execute(cursor, query("parent_exists"), {"parent": parent_id}).fetchone() is None
+    ):
         raise InvalidOption(f"parent job #{parent_id} does not exist")
+
+
+def _insert_dependencies(cursor: Cursor, job_ids: list[int], dependency_ids: list[int]) -> None:
+    params = {"job_ids": job_ids, "dependency_ids": dependency_ids}
+    db.execute(cursor, query("insert_dependencies"), params)
 
 
 def _dependency_ids(task: Task) -> list[int]:
     return sorted({_job_id(dep, "depends_on") for dep in task.depends_on})
 
 
-def _initial_state(cursor: Any, dependency_ids: list[int]) -> tuple[str, str]:
+def _initial_state(cursor: Cursor, dependency_ids: list[int]) -> tuple[str, str]:
     """The state a new job starts in, given its dependencies; and the reason if cancelled."""
     if not dependency_ids:
         return State.PENDING.value, ""
-    found = db.execute(cursor, _READ_DEPENDENCIES, [dependency_ids]).fetchall()
+    found = db.execute(cursor, query("read_dependencies"), {"ids": dependency_ids}).fetchall()
     missing = sorted(set(dependency_ids) - {row[0] for row in found})
     if missing:
         raise DependencyError(
@@ -241,18 +188,16 @@ ANALYZE_AFTER = 10_000
 
 
 def _analyze(alias: str) -> None:
-    # Until autovacuum next analyzes them (a minute or more later), the planner would think the
-    # new fan-out tiny, and page through it with plans that read all of it for every page.
     try:
         with connections[alias].cursor() as cursor:
-            db.execute(cursor, "ANALYZE django_jobs_job, django_jobs_dependency")
+            db.execute(cursor, query("analyze_jobs"))
     except DatabaseError as exc:  # the jobs are written; autovacuum analyzes soon enough
         logger.warning("could not analyze the job tables after a bulk enqueue: %s", exc)
 
 
 def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
     """Once the enqueue has committed, check new waiting jobs against their dependencies again
-    (see _READ_DEPENDENCIES); at once when there is no transaction to wait for."""
+    (see read_dependencies in enqueue.sql); at once when there is no transaction to wait for."""
     if state != State.WAITING:
         return
 
@@ -342,15 +287,16 @@ def enqueue(
         params.update(args=args_json, kwargs=kwargs_json)
         _check_parent(cursor, params["parent"])
         while True:
-            row = db.execute(cursor, _INSERT_ONE, params).fetchone()
+            row = db.execute(cursor, query("insert_job"), params).fetchone()
             if row is not None:
                 if dependency_ids:
-                    db.execute(cursor, _INSERT_DEPENDENCIES, [[row[0]], dependency_ids])
+                    _insert_dependencies(cursor, [row[0]], dependency_ids)
                     _settle_after_commit(alias, params["state"], [row[0]])
                 return _build(params, args_value, kwargs_value, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
-            existing = db.execute(cursor, _FIND_ACTIVE_UNIQUE, [task.unique_key]).fetchone()
+            holder = {"unique_key": task.unique_key}
+            existing = db.execute(cursor, query("find_active_unique"), holder).fetchone()
             if existing is not None:
                 return Job.objects.using(alias).get(pk=existing[0])
 
@@ -374,8 +320,9 @@ def enqueue_many(
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
-        cursor.execute(_RESERVE_MANY, {**params, "count": len(encoded)})
-        ids, run_after, created_at, finished_at, _, parent_attempt = cursor.fetchone()
+        reserve = {**params, "count": len(encoded)}
+        reserved = db.execute(cursor, query("reserve_jobs"), reserve).fetchone()
+        ids, run_after, created_at, finished_at, _, parent_attempt = reserved
         # Rows differ only in id and arguments. The columns they share go in only where they
         # differ from the column's default (NULL, '', or now(), which is the same moment in
         # this transaction), which spares COPY their parsing.
@@ -407,7 +354,7 @@ def enqueue_many(
             for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True):
                 copy.write_row((job_id, args_json, kwargs_json, *values))
         if dependency_ids:
-            db.execute(cursor, _INSERT_DEPENDENCIES, [ids, dependency_ids])
+            _insert_dependencies(cursor, ids, dependency_ids)
             _settle_after_commit(alias, params["state"], ids)
             if len(ids) * len(dependency_ids) >= ANALYZE_AFTER:
                 transaction.on_commit(functools.partial(_analyze, alias), using=alias)

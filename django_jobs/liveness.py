@@ -33,6 +33,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_jobs import conf, db
+from django_jobs.cursor import Cursor
 from django_jobs.transitions import RunningJob
 
 logger = logging.getLogger("django_jobs.reaper")
@@ -48,7 +49,7 @@ class Verdict:
 
 
 class LivenessCheck(Protocol):
-    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Any) -> dict[str, Verdict]:
+    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Cursor) -> dict[str, Verdict]:
         """Map the worker ids (of these running jobs) that are gone to a verdict."""
         ...
 
@@ -59,7 +60,7 @@ class HeartbeatLiveness:
     def __init__(self, worker_timeout: float | None = None) -> None:
         self.worker_timeout = conf.worker_timeout() if worker_timeout is None else worker_timeout
 
-    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Any) -> dict[str, Verdict]:
+    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Cursor) -> dict[str, Verdict]:
         dead = {}
         for job in jobs:
             worker_id = job.lease.worker_id
@@ -150,7 +151,7 @@ class KubernetesLiveness(HeartbeatLiveness):
             return None
         return f"{pod['metadata'].get('uid', '')},{container_id}"[:255]
 
-    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Any) -> dict[str, Verdict]:
+    def dead_workers(self, jobs: Sequence[RunningJob], cursor: Cursor) -> dict[str, Verdict]:
         dead = super().dead_workers(jobs, cursor)
         candidates = {job.lease.worker_id for job in jobs} - set(dead)
         if not candidates:

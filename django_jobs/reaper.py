@@ -5,7 +5,7 @@ inside it (see :func:`django_jobs.transitions.reap`), so the reaper never touche
 finished, was re-claimed, or whose worker turned out to be alive. A reaped attempt ends ``lost``
 (or ``timeout``); the job is retried while attempts remain, and ends ``error`` otherwise.
 
-:func:`reap` is one pass; :func:`reap_loop` runs passes until told to stop, and outlasts a
+:func:`reap_pass` is one pass; :func:`reap_loop` runs passes until told to stop, and outlasts a
 database restart or failover. A worker recovers for itself what it alone can tell is lost:
 the jobs of its own earlier boot (:func:`recover_earlier_boots`), and its orphans
 (:func:`recover_orphans`).
@@ -24,6 +24,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_jobs import conf, db, transitions, workflows
+from django_jobs.cursor import Cursor
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
@@ -89,7 +90,7 @@ def _retry_delay(job: RunningJob) -> float:
 
 
 def end_attempts(
-    cursor: Any,
+    cursor: Cursor,
     candidates: list[tuple[RunningJob, str, str, float | None]],
     *,
     dry_run: bool = False,
@@ -146,7 +147,7 @@ def end_attempts(
     return actions
 
 
-def reap(
+def reap_pass(
     *,
     dry_run: bool = False,
     liveness: LivenessCheck | None = None,
@@ -199,7 +200,7 @@ def reap_loop(
     emit: Callable[[str], None] | None = None,
     on_pass: Callable[[ReapReport], None] | None = None,
 ) -> None:
-    """Run a pass of :func:`reap` every ``interval`` seconds until ``stop`` is set; hand each
+    """Run :func:`reap_pass` every ``interval`` seconds until ``stop`` is set; hand each
     pass's report to ``on_pass``.
 
     A pass that fails because the database went away or refused for now (a restart, a failover,
@@ -210,7 +211,7 @@ def reap_loop(
     failures = 0
     while True:
         try:
-            report = reap(dry_run=dry_run, emit=emit)
+            report = reap_pass(dry_run=dry_run, emit=emit)
         except DatabaseError as exc:
             if not database_unavailable(exc):
                 raise
@@ -249,7 +250,7 @@ def database_unavailable(exc: DatabaseError) -> bool:
 # ------------------------------------------------------------------ a worker's own recovery
 
 
-def recover_earlier_boots(cursor: Any, worker: WorkerInfo) -> list[ReapAction]:
+def recover_earlier_boots(cursor: Cursor, worker: WorkerInfo) -> list[ReapAction]:
     """Recover jobs left running by an earlier boot of ``worker``'s name on its host (a
     container restarted in its pod keeps the pod name): that boot is certainly gone."""
     candidates: list[tuple[RunningJob, str, str, float | None]] = []

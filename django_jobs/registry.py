@@ -82,7 +82,7 @@ class Task:
         queue: str = _UNSET,
         priority: int = _UNSET,
         run_after: datetime | timedelta | None = _UNSET,
-        max_attempts: int = _UNSET,
+        max_attempts: int | None = _UNSET,
         timeout: int | None = _UNSET,
         depends_on: Iterable[Any] = _UNSET,
         parent: Any = _UNSET,

@@ -6,29 +6,9 @@ import re
 import traceback as tb
 from typing import Any
 
-from django.conf import settings
+from django_jobs.conf import sensitive_keys
 
-DEFAULT_SENSITIVE_KEYS = (
-    "password",
-    "passwd",
-    "token",
-    "secret",
-    "api_key",
-    "apikey",
-    "authorization",
-    "credential",
-    "private_key",
-)
 MASK = "********"
-
-
-def sensitive_keys() -> tuple[str, ...]:
-    """``JOBS_SENSITIVE_KEYS``: substrings of key names whose values are masked (case-insensitive).
-    Default: password, passwd, token, secret, api_key, apikey, authorization, credential,
-    private_key."""
-    return tuple(
-        k.lower() for k in getattr(settings, "JOBS_SENSITIVE_KEYS", DEFAULT_SENSITIVE_KEYS)
-    )
 
 
 def is_sensitive(key: str) -> bool:

@@ -8,15 +8,17 @@ an operator's retry brings the last two back to ``pending``. The database holds 
 Every write to ``state`` makes one of the :class:`Transition` s declared below, and the rules
 everywhere else are derived from them:
 
-- each statement that writes ``state`` is declared with its transition
-  (``_CLAIM = CLAIM.statement(...)``) and picks its rows with the transition's
-  :meth:`~Transition.guard`, the ``WHERE state ...`` rendered from its source states;
+- each statement that writes ``state`` is declared with its transition (a ``-- transition:
+  claim`` line under its name in django_jobs/sql/, which the loader passes to
+  :meth:`Transition.statement`) and picks its rows with the transition's
+  :meth:`~Transition.guard`, the ``WHERE state ...`` rendered from its source states, spelled
+  in the SQL exactly as the transition renders it;
 - the admin, the operators' actions, the workflows and the Tasks backend ask the transitions and
   the named sets of states and outcomes here, and spell out no set of their own;
 - ``tests/unit/test_states.py`` finds every statement in the package that writes ``state`` and
   checks that it is declared and writes only its transition's states;
-  ``tests/test_state_machine.py`` runs each statement on jobs in every state and checks that the
-  moves it makes are exactly the declared ones.
+  ``tests/integration/test_state_machine.py`` runs each statement on jobs in every state and
+  checks that the moves it makes are exactly the declared ones.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class Transition:
         return sql_condition(f"{alias}.state" if alias else "state", self.sources)
 
     def statement(self, sql: str) -> str:
-        """Declare ``sql`` as a statement that makes this transition; return it as it is."""
+        """Declare ``sql`` as a statement that makes this transition; return it as it is. (The
+        loader of django_jobs/sql/ declares the statements of the ``.sql`` files.)"""
         _STATEMENTS[sql] = self
         return sql
 

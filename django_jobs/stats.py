@@ -8,7 +8,8 @@ functions return plain data (lists and dicts of numbers, strings and datetimes) 
 
 The views judge workers dead and jobs overdue by the thresholds in the session settings
 ``django_jobs.worker_timeout`` and ``django_jobs.timeout_grace``; these functions set them from
-``JOBS_WORKER_TIMEOUT`` and ``JOBS_TIMEOUT_GRACE`` for their own transaction.
+``JOBS_WORKER_TIMEOUT`` and ``JOBS_TIMEOUT_GRACE`` for their own transaction. The statements are
+in django_jobs/sql/stats.sql, and run with the bounded waits of db.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from typing import Any, TypedDict
 
 from django.db import connections, transaction
 
-from django_jobs import conf
+from django_jobs import conf, db
+from django_jobs.cursor import Cursor
+from django_jobs.exceptions import InvalidOption
+from django_jobs.sql import query
 
 
 class QueueSummary(TypedDict):
@@ -70,48 +74,44 @@ class Summary(TypedDict):
 def _cursor() -> Iterator[Any]:
     alias = conf.database_alias()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        # JIT compilation would cost more than these small index reads.
-        cursor.execute(
-            "SELECT set_config('django_jobs.worker_timeout', %s, true), "
-            "set_config('django_jobs.timeout_grace', %s, true), set_config('jit', 'off', true)",
-            [str(conf.worker_timeout()), str(conf.timeout_grace())],
-        )
+        thresholds = {
+            "worker_timeout": str(conf.worker_timeout()),
+            "timeout_grace": str(conf.timeout_grace()),
+        }
+        db.execute(cursor, query("view_thresholds"), thresholds)
         yield cursor
 
 
-def _rows(cursor: Any, sql: str, params: Any = None) -> list[dict[str, Any]]:
-    cursor.execute(sql, params)
-    names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+def _rows(cursor: Cursor, name: str, params: Any = None) -> list[dict[str, Any]]:
+    """The rows of the statement ``name`` of stats.sql, as dicts; run with db.py's bounded
+    waits (and without JIT, which would cost more than these small index reads)."""
+    result = db.execute(cursor, query(name), params)
+    names = [column[0] for column in result.description]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
 
 
 def queue_summary() -> list[dict[str, Any]]:
     """Rows of ``django_jobs_queue_summary``: unfinished jobs per queue and state."""
     with _cursor() as cursor:
-        return _rows(cursor, "SELECT * FROM django_jobs_queue_summary ORDER BY queue, state")
+        return _rows(cursor, "queue_summary")
 
 
 def throughput(minutes: int = 15) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_throughput`` for the last ``minutes`` minutes, oldest first."""
     with _cursor() as cursor:
-        return _rows(
-            cursor,
-            "SELECT * FROM django_jobs_throughput "
-            "WHERE minute > now() - make_interval(mins => %s) ORDER BY minute, queue, task",
-            [minutes],
-        )
+        return _rows(cursor, "throughput", {"minutes": minutes})
 
 
 def task_durations() -> list[dict[str, Any]]:
     """Rows of ``django_jobs_task_durations``: p50/p95/max run time per task, last hour."""
     with _cursor() as cursor:
-        return _rows(cursor, "SELECT * FROM django_jobs_task_durations ORDER BY queue, task")
+        return _rows(cursor, "task_durations")
 
 
 def workers() -> list[dict[str, Any]]:
     """Rows of ``django_jobs_workers``: every registered worker, alive or not."""
     with _cursor() as cursor:
-        rows = _rows(cursor, "SELECT * FROM django_jobs_workers ORDER BY name, worker_id")
+        rows = _rows(cursor, "workers")
     for row in rows:
         if isinstance(row["queues"], str):
             row["queues"] = json.loads(row["queues"])
@@ -121,47 +121,26 @@ def workers() -> list[dict[str, Any]]:
 def stuck_jobs(limit: int = 100) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_stuck_jobs``, the longest stuck first."""
     with _cursor() as cursor:
-        return _rows(
-            cursor,
-            "SELECT * FROM django_jobs_stuck_jobs ORDER BY age_seconds DESC, job_id LIMIT %s",
-            [limit],
-        )
+        return _rows(cursor, "stuck_jobs", {"limit": limit})
 
 
 def recent_failures(limit: int = 50) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_recent_failures``, newest first."""
     with _cursor() as cursor:
-        return _rows(
-            cursor,
-            "SELECT * FROM django_jobs_recent_failures ORDER BY finished_at DESC LIMIT %s",
-            [limit],
-        )
+        return _rows(cursor, "recent_failures", {"limit": limit})
 
 
 def summary(window_minutes: int = 15) -> Summary:
     """Per queue: jobs by state, the oldest ready and running ages, attempts ended in the last
     ``window_minutes``, live workers, stuck jobs; plus the worker and stuck totals."""
     if window_minutes < 1:
-        raise ValueError("window_minutes must be at least 1")
+        raise InvalidOption("window_minutes must be at least 1")
     with _cursor() as cursor:
-        cursor.execute("SELECT now()")
-        generated_at = cursor.fetchone()[0]
-        states = _rows(cursor, "SELECT * FROM django_jobs_queue_summary")
-        ended = _rows(
-            cursor,
-            "SELECT queue, sum(done)::bigint AS done, sum(failed)::bigint AS failed, "
-            "sum(cancelled)::bigint AS cancelled FROM django_jobs_throughput "
-            "WHERE minute > now() - make_interval(mins => %s) GROUP BY queue",
-            [window_minutes],
-        )
-        stuck = _rows(
-            cursor,
-            "SELECT queue, reason, count(*) AS jobs FROM django_jobs_stuck_jobs "
-            "GROUP BY queue, reason",
-        )
-        registered = _rows(
-            cursor, "SELECT queues, concurrency, alive, running_jobs FROM django_jobs_workers"
-        )
+        generated_at = _rows(cursor, "summary_clock")[0]["generated_at"]
+        states = _rows(cursor, "summary_states")
+        ended = _rows(cursor, "summary_ended", {"minutes": window_minutes})
+        stuck = _rows(cursor, "summary_stuck")
+        registered = _rows(cursor, "summary_workers")
 
     for worker in registered:
         if isinstance(worker["queues"], str):

@@ -22,10 +22,10 @@ promoted (or the parent finalized) at least once, and the ``WHERE state = 'waiti
 it at most once. If a process dies midway, :func:`repair` (run by the reaper) finds and settles
 what was left: the progress is the rows' own states, so there is nothing else to lose.
 
-Every statement here locks a small batch of rows (``BATCH``), with ``SKIP LOCKED`` (and the
-bounded waits of db.py), and comes back later for the rows it skipped. The steps can run a
-slice at a time (``Settling.run(until=...)``), so that a worker settling a million dependents
-goes on sending heartbeats and running jobs in between.
+Every statement here (django_jobs/sql/workflows.sql) locks a small batch of rows (``BATCH``),
+with ``SKIP LOCKED`` (and the bounded waits of db.py), and comes back later for the rows it
+skipped. The steps can run a slice at a time (``Settling.run(until=...)``), so that a worker
+settling a million dependents goes on sending heartbeats and running jobs in between.
 """
 
 from __future__ import annotations
@@ -37,24 +37,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_jobs import db, transitions
-from django_jobs.states import (
-    ACTIVE_STATES,
-    CANCEL,
-    CANCEL_DEPENDENTS,
-    FINALIZE_PARENT,
-    PROMOTE,
-    QUEUED_STATES,
-    SETTLE_NEW,
-    TERMINAL_STATES,
-    UNSUCCESSFUL_STATES,
-    State,
-    sql_in,
-)
+from django_jobs.cursor import Cursor
+from django_jobs.sql import query
+from django_jobs.states import TERMINAL_STATES, UNSUCCESSFUL_STATES, State
 
 logger = logging.getLogger("django_jobs.workflows")
-
-JOB = "django_jobs_job"
-DEP = "django_jobs_dependency"
 
 #: How many jobs one statement of a cascade locks at most.
 BATCH = 100
@@ -64,187 +51,17 @@ BATCH = 100
 SKIPPED_RETRIES = transitions.BUSY_RETRIES
 SKIPPED_PAUSE = transitions.BUSY_PAUSE
 
-# Dependents of one job, a page at a time (keyset on job_id): those waiting are locked, SKIP
-# LOCKED, and promoted if their every dependency is done. Returns the page's last key, how
-# many were promoted, and how many were skipped (locked by another transaction).
-# Index: dependency_depends_on_idx (depends_on_id, job_id); the primary key; dependency_unique
-# (job_id, ...) for the other dependencies of each.
-_PROMOTE = PROMOTE.statement(f"""
-WITH page AS (
-    SELECT d.job_id FROM {DEP} d
-    WHERE d.depends_on_id = %(job_id)s AND d.job_id > %(after)s
-    ORDER BY d.job_id LIMIT %(batch)s
-), candidates AS (
-    -- One primary-key lookup per row of the page, whatever the statistics say: a hash join
-    -- with every waiting job would make each page cost as much as the whole cascade.
-    SELECT w.id FROM page CROSS JOIN LATERAL (
-        SELECT id FROM {JOB} w
-        WHERE w.id = page.job_id AND {PROMOTE.guard("w")} AND w.attempt = 0 OFFSET 0
-    ) w
-), locked AS (
-    SELECT w.id FROM {JOB} w WHERE w.id IN (SELECT id FROM candidates)
-    FOR NO KEY UPDATE SKIP LOCKED
-), promoted AS (
-    UPDATE {JOB} w SET state = 'pending', run_after = GREATEST(w.run_after, now())
-    FROM locked
-    WHERE w.id = locked.id AND {PROMOTE.guard("w")} AND w.attempt = 0
-      AND NOT EXISTS (
-          SELECT 1 FROM {DEP} d2 JOIN {JOB} dj ON dj.id = d2.depends_on_id
-          WHERE d2.job_id = w.id AND dj.state <> 'done'
-      )
-    RETURNING w.id, (CASE WHEN w.run_after <= now()
-                          THEN pg_notify('{db.CHANNEL}', w.queue) END) IS NULL
-)
-SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM promoted),
-       (SELECT count(*) FROM candidates) - (SELECT count(*) FROM locked)
-""")
 
-# Waiting or pending dependents of one job, a page at a time, locked SKIP LOCKED and cancelled
-# with a reason that names the upstream job where the failure started. The first row has the
-# page's last key and the number skipped; then one row per job cancelled, with its parent.
-# Index: dependency_depends_on_idx; the primary key.
-_CANCEL_DEPENDENTS = CANCEL_DEPENDENTS.statement(f"""
-WITH page AS (
-    SELECT d.job_id FROM {DEP} d
-    WHERE d.depends_on_id = %(job_id)s AND d.job_id > %(after)s
-    ORDER BY d.job_id LIMIT %(batch)s
-), candidates AS (
-    SELECT w.id FROM page CROSS JOIN LATERAL (
-        SELECT id FROM {JOB} w
-        WHERE w.id = page.job_id AND {CANCEL_DEPENDENTS.guard("w")} OFFSET 0
-    ) w
-), locked AS (
-    SELECT w.id FROM {JOB} w WHERE w.id IN (SELECT id FROM candidates)
-    FOR NO KEY UPDATE SKIP LOCKED
-), cancelled AS (
-    UPDATE {JOB} w SET state = 'cancelled', finished_at = now(), error = %(reason)s
-    FROM locked
-    WHERE w.id = locked.id AND {CANCEL_DEPENDENTS.guard("w")}
-    RETURNING w.id, w.parent_id
-)
-SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM candidates)
-       - (SELECT count(*) FROM locked), NULL::bigint, NULL::bigint
-UNION ALL
-SELECT NULL, NULL, id, parent_id FROM cancelled
-""")
-
-# Unfinished children of one job, a page at a time, locked SKIP LOCKED and cancelled: pending
-# and waiting ones at once, running ones asked to stop (their workers stop them within a
-# heartbeat interval). With an ``attempt``, only the children that attempt spawned (and, if
-# ``final``, those whose attempt was not recorded). Rows as in _CANCEL_DEPENDENTS.
-# Index: job_parent_idx.
-_CANCEL_CHILDREN = CANCEL.statement(f"""
-WITH page AS (
-    SELECT c.id FROM {JOB} c
-    WHERE c.parent_id = %(job_id)s AND c.id > %(after)s AND {CANCEL.guard("c")}
-      AND (%(attempt)s::int IS NULL OR c.parent_attempt = %(attempt)s
-           OR (c.parent_attempt IS NULL AND %(final)s))
-    ORDER BY c.id LIMIT %(batch)s
-), locked AS (
-    SELECT c.id FROM {JOB} c WHERE c.id IN (SELECT id FROM page)
-    FOR NO KEY UPDATE SKIP LOCKED
-), changed AS (
-    UPDATE {JOB} j SET {transitions.CANCEL_SET}
-    FROM locked
-    WHERE j.id = locked.id AND {CANCEL.guard("j")}
-    RETURNING j.id, j.parent_id
-)
-SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM page) - (SELECT count(*) FROM locked),
-       NULL::bigint, NULL::bigint
-UNION ALL
-SELECT NULL, NULL, id, parent_id FROM changed
-""")
-
-# Finalize a parent that is waiting for children, once none is active. Only the children of
-# its final attempt count (parent_attempt; NULL for children made before it was recorded): an
-# earlier attempt's children were cancelled when that attempt failed. The aggregate over the
-# children runs only if the parent qualifies. Index: job_parent_idx.
-_FINALIZE_PARENT = FINALIZE_PARENT.statement(f"""
-WITH ready AS (
-    SELECT p.id, p.attempt FROM {JOB} p
-    WHERE p.id = %(job_id)s AND {FINALIZE_PARENT.guard("p")} AND p.attempt > 0
-      AND NOT EXISTS (
-          SELECT 1 FROM {JOB} c
-          WHERE c.parent_id = p.id AND c.state IN {sql_in(ACTIVE_STATES)}
-            AND (c.parent_attempt IS NULL OR c.parent_attempt = p.attempt)
-      )
-), kids AS (
-    SELECT min(c.id) FILTER (WHERE c.state = 'error') AS first_error,
-           min(c.id) FILTER (WHERE c.state = 'cancelled') AS first_cancelled
-    FROM {JOB} c JOIN ready r ON c.parent_id = r.id
-    WHERE c.parent_attempt IS NULL OR c.parent_attempt = r.attempt
-)
-UPDATE {JOB} p
-SET state = CASE WHEN k.first_error IS NOT NULL THEN 'error'
-                 WHEN k.first_cancelled IS NOT NULL THEN 'cancelled'
-                 ELSE 'done' END,
-    finished_at = now(),
-    error = CASE WHEN k.first_error IS NOT NULL
-                 THEN 'child job #' || k.first_error || ' ended in error'
-                 WHEN k.first_cancelled IS NOT NULL
-                 THEN 'child job #' || k.first_cancelled || ' was cancelled'
-                 ELSE p.error END
-FROM ready, kids k
-WHERE p.id = ready.id AND {FINALIZE_PARENT.guard("p")}
-RETURNING p.state
-""")
-
-
-# New waiting dependents, checked again once the transaction that enqueued them has committed
-# (see enqueue.py): promoted if every dependency is done by now, cancelled if one ended in error
-# or was cancelled. FOR SHARE on the dependencies waits for a finish that is in flight (it holds
-# its row FOR NO KEY UPDATE) and sees its outcome; the lock lasts this statement only. A bounded
-# batch of the new jobs, locked SKIP LOCKED; the ids of those that were skipped come back, for
-# another try. Index: the primary key; dependency_unique (job_id, depends_on_id) for the links.
-_SETTLE_NEW = SETTLE_NEW.statement(f"""
-WITH upstream AS (
-    SELECT dj.id, dj.state, dj.task FROM {JOB} dj
-    WHERE dj.id IN (SELECT d.depends_on_id FROM {DEP} d WHERE d.job_id = ANY(%(ids)s))
-    FOR SHARE OF dj
-), targets AS (
-    SELECT w.id FROM {JOB} w
-    WHERE w.id = ANY(%(ids)s) AND {SETTLE_NEW.guard("w")} AND w.attempt = 0
-    FOR NO KEY UPDATE OF w SKIP LOCKED
-), verdicts AS (
-    SELECT t.id, bool_and(u.state = 'done') AS all_done,
-           min(u.id) FILTER (WHERE u.state IN {sql_in(UNSUCCESSFUL_STATES)}) AS failed
-    FROM targets t
-    JOIN {DEP} d ON d.job_id = t.id
-    JOIN upstream u ON u.id = d.depends_on_id
-    GROUP BY t.id
-), changed AS (
-    UPDATE {JOB} w
-    SET state = CASE WHEN v.failed IS NULL THEN 'pending' ELSE 'cancelled' END,
-        run_after = CASE WHEN v.failed IS NULL THEN GREATEST(w.run_after, now())
-                         ELSE w.run_after END,
-        finished_at = CASE WHEN v.failed IS NULL THEN NULL ELSE now() END,
-        error = CASE WHEN v.failed IS NULL THEN w.error
-                     ELSE 'cancelled: upstream job #' || u.id || ' (' || u.task || ') ended '
-                          || u.state END
-    FROM verdicts v LEFT JOIN upstream u ON u.id = v.failed
-    WHERE w.id = v.id AND (v.all_done OR v.failed IS NOT NULL)
-    RETURNING w.id, w.state,
-              (CASE WHEN w.state = 'pending' AND w.run_after <= now()
-                    THEN pg_notify('{db.CHANNEL}', w.queue) END) IS NULL
-)
-SELECT id, state FROM changed
-UNION ALL
-SELECT w.id, 'skipped' FROM {JOB} w
-WHERE w.id = ANY(%(ids)s) AND {SETTLE_NEW.guard("w")} AND w.attempt = 0
-  AND w.id NOT IN (SELECT id FROM targets)
-""")
-
-
-def settle_new_dependents(cursor: Any, job_ids: Sequence[int]) -> dict[str, int]:
-    """Promote or cancel just-enqueued waiting jobs whose dependencies ended meanwhile (see
-    above); returns how many went each way."""
+def settle_new_dependents(cursor: Cursor, job_ids: Sequence[int]) -> dict[str, int]:
+    """Promote or cancel just-enqueued waiting jobs whose dependencies ended meanwhile
+    (``settle_new`` in workflows.sql); returns how many went each way."""
     counts = {"pending": 0, "cancelled": 0, "skipped": 0}
     todo = list(job_ids)
     for attempt in range(SKIPPED_RETRIES + 1):
         skipped: list[int] = []
         for start in range(0, len(todo), BATCH):
             batch = todo[start : start + BATCH]
-            for job_id, state in db.execute(cursor, _SETTLE_NEW, {"ids": batch}).fetchall():
+            for job_id, state in db.execute(cursor, query("settle_new"), {"ids": batch}).fetchall():
                 if state == "skipped":
                     skipped.append(job_id)
                     continue
@@ -265,35 +82,13 @@ def settle_new_dependents(cursor: Any, job_ids: Sequence[int]) -> dict[str, int]
     return counts
 
 
-# Jobs a crash may have left unsettled: waiting with nothing left to wait for. Index: a scan of
-# waiting jobs (few, normally), with the same subqueries as above per row.
-_UNSETTLED = f"""
-SELECT w.id FROM {JOB} w
-WHERE w.state = 'waiting' AND (
-    (w.attempt > 0 AND NOT EXISTS (
-        SELECT 1 FROM {JOB} c WHERE c.parent_id = w.id AND c.state IN {sql_in(ACTIVE_STATES)}
-          AND (c.parent_attempt IS NULL OR c.parent_attempt = w.attempt)))
-    OR (w.attempt = 0 AND NOT EXISTS (
-        SELECT 1 FROM {DEP} d JOIN {JOB} dj ON dj.id = d.depends_on_id
-        WHERE d.job_id = w.id AND dj.state <> 'done'))
-    OR (w.attempt = 0 AND EXISTS (
-        SELECT 1 FROM {DEP} d JOIN {JOB} dj ON dj.id = d.depends_on_id
-        WHERE d.job_id = w.id AND dj.state IN {sql_in(UNSUCCESSFUL_STATES)}))
-)
-ORDER BY w.id
-LIMIT %(limit)s
-"""
+def _job(cursor: Cursor, job_id: int) -> tuple[str, int | None, int, str] | None:
+    return db.execute(cursor, query("job_to_settle"), {"job_id": job_id}).fetchone()
 
 
-def _job(cursor: Any, job_id: int) -> tuple[str, int | None, int, str] | None:
-    return db.execute(
-        cursor, f"SELECT state, parent_id, attempt, task FROM {JOB} WHERE id = %s", [job_id]
-    ).fetchone()
-
-
-def finalize_parent(cursor: Any, job_id: int) -> str | None:
+def finalize_parent(cursor: Cursor, job_id: int) -> str | None:
     """Finalize ``job_id`` if it waits for children and none is active; return its new state."""
-    row = db.execute(cursor, _FINALIZE_PARENT, {"job_id": job_id}).fetchone()
+    row = db.execute(cursor, query("finalize_parent"), {"job_id": job_id}).fetchone()
     if row is not None:
         logger.info(
             "job %d finalized %s: its children have finished",
@@ -337,7 +132,7 @@ class Settling:
             return time.monotonic()
         return min(due for due, _, _ in self.later)
 
-    def run(self, cursor: Any, *, until: float | None = None) -> None:
+    def run(self, cursor: Cursor, *, until: float | None = None) -> None:
         """Run the steps that are due, until none is, or the monotonic ``until`` has passed."""
         while True:
             now = time.monotonic()
@@ -352,7 +147,7 @@ class Settling:
             self._step(cursor, self.todo[0])
             self.todo.popleft()
 
-    def run_to_end(self, cursor: Any) -> None:
+    def run_to_end(self, cursor: Cursor) -> None:
         """Run every step, waiting for the ones that skipped locked rows."""
         while not self.finished:
             self.run(cursor)
@@ -361,21 +156,20 @@ class Settling:
 
     # ------------------------------------------------------------------ the steps
 
-    def _step(self, cursor: Any, step: Step) -> None:
+    def _step(self, cursor: Cursor, step: Step) -> None:
         self.statements += 1
         kind = step[0]
         if kind == "settle":
             self._settle(cursor, step[1])
         elif kind == "promote":
             _, job_id, after, *tries = step
-            last, _count, skipped = db.execute(
-                cursor, _PROMOTE, {"job_id": job_id, "after": after, "batch": BATCH}
-            ).fetchone()
+            params = {"job_id": job_id, "after": after, "batch": BATCH}
+            last, _count, skipped = db.execute(cursor, query("promote"), params).fetchone()
             self._paged(step, last, skipped, tries)
         elif kind == "cancel_dependents":
             _, job_id, reason, after, *tries = step
             params = {"job_id": job_id, "after": after, "batch": BATCH, "reason": reason}
-            rows = db.execute(cursor, _CANCEL_DEPENDENTS, params).fetchall()
+            rows = db.execute(cursor, query("cancel_dependents"), params).fetchall()
             for _, _, changed_id, parent_id in rows[1:]:
                 self.todo.append(("cancel_dependents", changed_id, reason, 0))
                 if parent_id is not None:
@@ -391,7 +185,7 @@ class Settling:
                 "batch": BATCH,
                 "reason": reason,
             }
-            rows = db.execute(cursor, _CANCEL_CHILDREN, params).fetchall()
+            rows = db.execute(cursor, query("cancel_children"), params).fetchall()
             for _, _, changed_id, _parent in rows[1:]:
                 descendants = f"cancelled: ancestor job #{changed_id} was cancelled"
                 self.todo.append(("cancel_children", changed_id, None, True, descendants, 0))
@@ -418,7 +212,7 @@ class Settling:
                 return
             self.later.append((time.monotonic() + SKIPPED_PAUSE * attempts, attempts, base))
 
-    def _settle(self, cursor: Any, job_id: int) -> None:
+    def _settle(self, cursor: Cursor, job_id: int) -> None:
         row = _job(cursor, job_id)
         if row is None:
             return
@@ -449,13 +243,13 @@ def _without_tries(step: Step) -> Step:
     return step[: lengths[step[0]]]
 
 
-def settle(cursor: Any, job_id: int) -> None:
+def settle(cursor: Cursor, job_id: int) -> None:
     """Do everything that follows from ``job_id``'s state (see above), to the end."""
     Settling.of(job_id).run_to_end(cursor)
 
 
 def cancel_with_cascade(
-    cursor: Any, ids: Sequence[int], reason: str = "cancelled"
+    cursor: Cursor, ids: Sequence[int], reason: str = "cancelled"
 ) -> list[transitions.Cancelled]:
     """Cancel jobs and everything hanging off them.
 
@@ -470,7 +264,7 @@ def cancel_with_cascade(
 
 
 def cancel_batch_with_cascade(
-    cursor: Any, ids: Sequence[int], reason: str = "cancelled"
+    cursor: Cursor, ids: Sequence[int], reason: str = "cancelled"
 ) -> transitions.Changes:
     """:func:`cancel_with_cascade` for one small batch, without coming back for the jobs another
     transaction held (they are ``busy`` in the result)."""
@@ -486,25 +280,10 @@ def cancel_batch_with_cascade(
     return changes
 
 
-# Children that a crash may have left running after their parent's attempt failed: active
-# children of an attempt that is over (the parent has ended for good, or is on a later attempt).
-# Index: job_parent_idx, from the parents' side.
-_STRAY_CHILDREN = f"""
-SELECT DISTINCT p.id, p.attempt, p.state FROM {JOB} p
-JOIN {JOB} c ON c.parent_id = p.id
-WHERE c.state IN {sql_in(QUEUED_STATES)} AND c.parent_attempt IS NOT NULL
-  AND (p.state IN {sql_in(UNSUCCESSFUL_STATES)}
-       OR c.parent_attempt < p.attempt
-       OR (p.state = 'pending' AND c.parent_attempt = p.attempt))
-ORDER BY p.id
-LIMIT %(limit)s
-"""
-
-
-def repair(cursor: Any, limit: int = 1000) -> list[int]:
+def repair(cursor: Cursor, limit: int = 1000) -> list[int]:
     """Settle what a crash left unsettled: waiting jobs with nothing left to wait for, and
     children of attempts that did not succeed. Returns the ids of the jobs it looked at."""
-    stuck = [row[0] for row in db.execute(cursor, _UNSETTLED, {"limit": limit}).fetchall()]
+    stuck = [row[0] for row in db.execute(cursor, query("unsettled"), {"limit": limit}).fetchall()]
     settling = Settling()
     for job_id in stuck:
         row = _job(cursor, job_id)
@@ -514,13 +293,11 @@ def repair(cursor: Any, limit: int = 1000) -> list[int]:
             settling.todo.append(("settle", job_id))
             continue
         # A dependency-waiting job: settle the dependencies, which promotes or cancels it.
-        for (upstream,) in db.execute(
-            cursor, f"SELECT depends_on_id FROM {DEP} WHERE job_id = %s", [job_id]
-        ).fetchall():
+        upstreams = db.execute(cursor, query("dependencies_of"), {"job_id": job_id}).fetchall()
+        for (upstream,) in upstreams:
             settling.todo.append(("settle", upstream))
-    for parent_id, attempt, state in db.execute(
-        cursor, _STRAY_CHILDREN, {"limit": limit}
-    ).fetchall():
+    strays = db.execute(cursor, query("stray_children"), {"limit": limit}).fetchall()
+    for parent_id, attempt, state in strays:
         stuck.append(parent_id)
         for number in range(1, attempt + 1):
             last = number == attempt

@@ -3,6 +3,7 @@
 
     python3 scripts/dev.py demo         # migrate, enqueue example jobs, run a worker, summarize
     python3 scripts/dev.py test [ARGS]  # the whole test suite (ARGS go to pytest)
+    python3 scripts/dev.py test unit    # one tier: unit (no database), integration or system
 
 It creates ``.venv`` with the running Python and installs the project with its test extras
 (again only when pyproject.toml changes). The newest Django for that Python is installed: 5.2 LTS
@@ -16,7 +17,7 @@ creating the database if it does not exist.
 For the test suite it installs what the pgbouncer and browser tests run, Debian's ``pgbouncer``
 and ``chromium``, where it can (as root, with apt-get); elsewhere the suite skips those tests and
 says so in one line, with the command that installs them. It first stops, by pid, any pgbouncer
-that an earlier, killed test run of this checkout left behind (tests/pgbouncer.py records them).
+that an earlier, killed test run of this checkout left behind (support/pgbouncer.py records them).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("DJANGO_JOBS_VENV", ROOT / ".venv"))
 PGDATA = ROOT / ".pgdata"
+
+#: The test tiers, each a folder of tests/: ``test unit`` runs tests/unit/ alone, and so on.
+TIERS = ("unit", "integration", "system")
 
 #: What the pgbouncer and browser tests run: Debian package -> the program it installs.
 TEST_PROGRAMS = {"pgbouncer": "/usr/sbin/pgbouncer", "chromium": "/usr/bin/chromium"}
@@ -104,7 +108,7 @@ def stop_leftover_pgbouncers() -> None:
     """Stop the pgbouncers that killed test runs of this checkout left behind (they would hold
     the test database open): those recorded in .pids/, by pid, and nothing else."""
     sys.path.insert(0, str(ROOT))
-    from tests import pgbouncer
+    from support import pgbouncer
 
     for pid in pgbouncer.stop_leftovers():
         say(f"stopped pgbouncer {pid}, left behind by an earlier test run")
@@ -170,18 +174,33 @@ def ensure_database(url: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def tier_paths(tier: str) -> list[str]:
+    """The test paths of a tier (see tests/conftest.py): its folder."""
+    return [f"tests/{tier}"]
+
+
+def pytest_args(extra: list[str]) -> list[str]:
+    """``extra`` with a first argument that names a tier replaced by that tier's paths."""
+    if extra and extra[0] in TIERS:
+        return [*tier_paths(extra[0]), *extra[1:]]
+    return extra
+
+
 def manage(*args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
 
 def inside(command: str, extra: list[str]) -> int:
+    # The unit tier needs no database: start none, create none.
+    database = not (command == "test" and extra[:1] == ["unit"])
     embedded = None
-    if not os.environ.get("DATABASE_URL"):
+    if database and not os.environ.get("DATABASE_URL"):
         embedded = EmbeddedPostgres()
         os.environ["DATABASE_URL"] = embedded.start()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     try:
-        ensure_database(os.environ["DATABASE_URL"])
+        if database:
+            ensure_database(os.environ["DATABASE_URL"])
         if command == "demo":
             manage("migrate", "--verbosity", "0")
             manage("rundemo", *extra)
@@ -189,7 +208,7 @@ def inside(command: str, extra: list[str]) -> int:
         stop_leftover_pgbouncers()
         say("running the test suite")
         return subprocess.run(
-            [sys.executable, "-m", "pytest", *extra], cwd=ROOT, check=False
+            [sys.executable, "-m", "pytest", *pytest_args(extra)], cwd=ROOT, check=False
         ).returncode
     finally:
         if embedded is not None:

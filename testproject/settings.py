@@ -6,6 +6,7 @@ SECRET_KEY     (default: an insecure development key)
 ALLOWED_HOSTS  comma-separated (default: localhost,127.0.0.1)
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import environ
@@ -88,7 +89,7 @@ TASKS = {
 }
 
 # Timing settings may come from the environment, so tests can run workers on short clocks.
-for _name, _cast in [
+_FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_HEARTBEAT_INTERVAL", float),
     ("JOBS_WORKER_TIMEOUT", float),
     ("JOBS_KILL_GRACE", float),
@@ -101,6 +102,7 @@ for _name, _cast in [
     ("JOBS_STATEMENT_TIMEOUT_MS", int),
     ("JOBS_UNKNOWN_TASK_DELAY", float),
     ("JOBS_UNKNOWN_TASK_TIMEOUT", float),
-]:
+]
+for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:
         globals()[_name] = _cast(env.ENVIRON[_name])

@@ -1,4 +1,5 @@
-"""Fixtures shared by the suite. Everything runs against a real PostgreSQL server."""
+"""Fixtures shared by the suite, and its tiers. Everything outside tests/unit/ runs against a real
+PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests import pgbouncer as pgbouncer_launcher
+from support import pgbouncer as pgbouncer_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,39 @@ def install_command(packages: list[str]) -> str:
     return ("" if os.geteuid() == 0 else "sudo ") + "apt-get install " + " ".join(packages)
 
 
+#: The tiers, by folder: ``unit`` needs no database at all, ``integration`` runs in-process
+#: against PostgreSQL, ``system`` starts worker processes, servers and clusters. A test outside
+#: these folders would count as integration. ``scripts/dev.py test unit`` (or integration,
+#: system) runs one.
+TIERS = ("unit", "integration", "system")
+
+#: What a unit test may not use: pytest-django's database fixtures (and its django_db mark).
+DATABASE_FIXTURES = {"db", "transactional_db", "django_db_setup", "live_server", "admin_user"}
+
+
+def tier(item: pytest.Item) -> str:
+    tests = ROOT / "tests"
+    parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+    return parts[0] if parts and parts[0] in TIERS else "integration"
+
+
+def mark_tiers(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier; refuse a unit test that asks for the database."""
+    for item in items:
+        name = tier(item)
+        item.add_marker(name)
+        if name == "unit" and (
+            item.get_closest_marker("django_db")
+            or DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the database: move it out of tests/unit/ (the unit tier "
+                "runs without PostgreSQL)"
+            )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_tiers(items)
     missing = not_installed(items)
     if not missing:
         return

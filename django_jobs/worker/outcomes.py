@@ -1,7 +1,7 @@
 """What happened to each job, as the worker's log says it, and counted in its stats.
 
 The supervisor decides and writes; this module only says what came of it. One line per event,
-each with the structured fields of :mod:`django_jobs.logging` (``event``, ``job_id``, ``task``,
+each with the structured fields of :mod:`django_jobs.logs` (``event``, ``job_id``, ``task``,
 ``attempt``, ``duration``, ``outcome``, ``state``), so that log shippers can follow a job.
 """
 

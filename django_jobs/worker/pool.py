@@ -64,6 +64,13 @@ class Slot:
     def busy(self) -> bool:
         return self.job is not None or self.deferred is not None
 
+    @property
+    def pid(self) -> int:
+        """The executor's process id (its process is started when the slot is made)."""
+        pid = self.process.pid
+        assert pid is not None, "the executor has not been started"
+        return pid
+
 
 @dataclasses.dataclass(frozen=True)
 class Reported:
@@ -252,7 +259,7 @@ class ExecutorPool:
             return None  # the sentinel reports the death
         if message == "ready":
             slot.ready = True
-            self.observer.executor_ready(slot.process.pid)
+            self.observer.executor_ready(slot.pid)
             return None
         job = slot.job
         if job is None or not isinstance(message, Report) or message.job_id != job.id:
@@ -305,7 +312,7 @@ class ExecutorPool:
 
     def shutdown(self, *, force: bool) -> None:
         """Stop every executor: ask each to exit (or kill it, if ``force``), and wait a little."""
-        self.observer.stopping([slot.process.pid for slot in self.slots])
+        self.observer.stopping([slot.pid for slot in self.slots])
         for slot in self.slots:
             if force:
                 slot.process.kill()

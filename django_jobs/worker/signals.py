@@ -39,7 +39,7 @@ class WakeSocket:
     def install(self, handler: Callable[[int, Any], None]) -> dict[int, Any]:
         """Send the stop signals to ``handler``, and wake the loop on any signal; return what
         :meth:`restore` puts back."""
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, handler)
         previous[-1] = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)

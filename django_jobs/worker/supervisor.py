@@ -24,6 +24,7 @@ signals that stop it (``signals.py``); hooks to measure it by (``observer.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_jobs import conf
+from django_jobs.exceptions import InvalidOption
 from django_jobs.registry import registry
 from django_jobs.transitions import ClaimedJob, WorkerInfo
 from django_jobs.worker.connection import QueueConnection
@@ -83,7 +85,7 @@ class Supervisor:
         observer: Observer | None = None,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+            raise InvalidOption("concurrency must be at least 1")
         self.queues = list(queues or [])
         self.concurrency = concurrency
         self.name = base_name(name)
@@ -240,7 +242,7 @@ class Supervisor:
                 return
             skip = self.unknown_tasks.skip()
             job = self.gate.call(
-                "claim", lambda skip=skip: self.db.claim(self.worker_id, self.queues, skip)
+                "claim", functools.partial(self.db.claim, self.worker_id, self.queues, skip)
             )
             if job is FAILED:
                 return
@@ -314,7 +316,7 @@ class Supervisor:
         listen_fd = self.wakeup.fileno() if self.wakeup is not None else None
         wake = self.wake.reader
         ready = self.pool.wait([wake] if listen_fd is None else [wake, listen_fd], timeout)
-        if listen_fd is not None and listen_fd in ready and self.wakeup.drain():
+        if self.wakeup is not None and listen_fd in ready and self.wakeup.drain():
             self.queue_may_have_work = True
         if wake in ready:
             self.wake.drain()

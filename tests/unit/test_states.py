@@ -2,10 +2,13 @@
 every statement in the package that writes ``Job.state`` against it.
 
 A statement that writes ``state`` is found in the source (``SET state =``, a ``SET`` list built
-from a fragment, an ``INSERT`` or ``COPY`` into the job table, an ORM write of ``state``). Each
-must be a module-level constant declared with its transition (``_X = CLAIM.statement(...)``),
-pick its rows with the transition's guard, and write only the transition's states.
-tests/test_state_machine.py runs each declared statement against jobs in every state.
+from a fragment, an ``INSERT`` or ``COPY`` into the job table, an ORM write of ``state``): in the
+named statements of django_jobs/sql/*.sql, each of which must say its transition in a
+``-- transition:`` line, and in the Python modules, where it must be a module-level constant
+declared with its transition (``_X = ENQUEUE.statement(...)``). Each must pick its rows with
+the transition's guard, spelled as the transition renders it, and write only the transition's
+states. tests/integration/test_state_machine.py runs each declared statement against jobs in
+every state.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import importlib
 import re
 from pathlib import Path
 
-from django_jobs import states
+from django_jobs import sql, states
 from django_jobs.states import (
     ACTIVE_STATES,
     CANCEL,
@@ -195,10 +198,23 @@ def writers_in_package() -> dict[str, list[Writer]]:
     return found
 
 
+def sql_writers() -> dict[str, Writer]:
+    """Query name -> the named statement of django_jobs/sql/ that writes ``Job.state``."""
+    return {
+        name: Writer(0, name, " ".join(found.text.split())[:80])
+        for name, found in sql.QUERIES.items()
+        if _STATE_WRITE.search(found.text)
+    }
+
+
 def declared_statements_by_name() -> dict[str, tuple[str, Transition]]:
-    """``module.NAME`` -> (SQL, transition) for every statement in the package declared with
-    its transition."""
-    result = {}
+    """Query name, or ``module.NAME`` for one declared in Python -> (SQL, transition) for every
+    statement in the package declared with its transition."""
+    result = {
+        name: (found.text, found.transition)
+        for name, found in sql.QUERIES.items()
+        if found.transition is not None
+    }
     for module_name, path in _modules().items():
         if ".statement(" not in path.read_text():
             continue
@@ -218,12 +234,16 @@ def test_every_statement_that_writes_state_is_declared_with_its_transition() -> 
     for module_name, writers in writers_in_package().items():
         module = importlib.import_module(module_name)
         for writer in writers:
-            sql = getattr(module, writer.owner, None) if writer.owner else None
-            if not isinstance(sql, str) or sql not in states.declared_statements():
+            text = getattr(module, writer.owner, None) if writer.owner else None
+            if not isinstance(text, str) or text not in states.declared_statements():
                 where = writer.owner or "(not a module-level statement)"
                 undeclared.append(f"{module_name}:{writer.line} {where}: {writer.what}")
+    for name, writer in sql_writers().items():
+        if sql.QUERIES[name].transition is None:
+            undeclared.append(f"{sql.QUERIES[name].file}: {name}: {writer.what}")
     assert not undeclared, (
-        "these write Job.state without a declared transition; make each a module-level "
+        "these write Job.state without a declared transition; give each named statement of "
+        "django_jobs/sql/ a '-- transition: <name>' line, and make each in Python a module-level "
         "statement declared with its transition (NAME = <transition>.statement(...)) in "
         "django_jobs/states.py:\n" + "\n".join(undeclared)
     )
@@ -249,36 +269,89 @@ def written_states(sql: str) -> set[str]:
 
 def test_each_declared_statement_guards_on_its_sources_and_writes_only_its_targets() -> None:
     wrong = []
-    for name, (sql, transition) in declared_statements_by_name().items():
-        written = written_states(sql)
+    for name, (text, transition) in declared_statements_by_name().items():
+        written = written_states(text)
         if not written <= transition.targets | transition.unchanged:
             extra = sorted(written - transition.targets - transition.unchanged)
             wrong.append(f"{name} writes {extra}, not declared for {transition.name!r}")
         body = re.escape(transition.guard()[len("state") :])
-        if transition.sources and not re.search(rf"(?<![\w.])(\w+\.)?state{body}", sql):
+        if transition.sources and not re.search(rf"(?<![\w.])(\w+\.)?state{body}", text):
             wrong.append(f"{name} does not guard on {transition.guard()!r}")
     assert not wrong, "\n".join(wrong)
+
+
+# A condition on a job row's state, in a WHERE or after an AND: the row's alias, and the condition.
+_STATE_CONDITION = re.compile(
+    r"\b(?:WHERE|AND)\s+((?:(\w+)\.)?state\s*(?:=\s*'\w+'|<>\s*'\w+'|(?:NOT\s+)?IN\s*\([^)]*\)))",
+    re.IGNORECASE,
+)
+# The job rows a statement writes: the alias of each UPDATE of the job table ("" for none).
+_UPDATED_ALIAS = re.compile(
+    r"\bUPDATE\s+django_jobs_job(?:\s+(?!SET\b)(\w+))?\s+SET\b", re.IGNORECASE
+)
+
+
+def guards(sql_text: str) -> list[tuple[str, str]]:
+    """The conditions on the state of the rows a statement updates, with each one's alias: those
+    on the UPDATE's alias, and those that name no alias."""
+    written = {alias or "" for alias in _UPDATED_ALIAS.findall(sql_text)} | {""}
+    return [
+        (alias, condition)
+        for condition, alias in _STATE_CONDITION.findall(sql_text)
+        if alias in written
+    ]
+
+
+def test_every_guard_is_spelled_as_its_transition_renders_it() -> None:
+    # The SQL is final text: what keeps it and the declaration from drifting apart is that each
+    # condition on the written rows' state is exactly the transition's guard.
+    wrong = []
+    for name, (text, transition) in declared_statements_by_name().items():
+        if not transition.sources:
+            continue
+        for alias, condition in guards(text):
+            if " ".join(condition.split()) != transition.guard(alias):
+                wrong.append(f"{name}: {condition!r}, not {transition.guard(alias)!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_guard_finder_reads_the_conditions_on_the_written_rows() -> None:
+    text = """
+    UPDATE django_jobs_job j SET state = 'pending'
+    WHERE j.id = 1 AND j.state IN ('error', 'done') AND NOT EXISTS (
+        SELECT 1 FROM django_jobs_job o WHERE o.state = 'running' AND state <> 'done')
+    RETURNING CASE WHEN j.state = 'pending' THEN 1 END
+    """
+    assert guards(text) == [("j", "j.state IN ('error', 'done')"), ("", "state <> 'done'")]
+    assert guards("UPDATE django_jobs_job SET x = 1 WHERE state = 'pending'") == [
+        ("", "state = 'pending'")
+    ]
 
 
 def test_the_statements_found_are_the_ones_expected() -> None:
     # A reading aid as much as a check: every statement that writes state, with its transition.
     found = {name: t.name for name, (_, t) in declared_statements_by_name().items()}
     assert found == {
-        "django_jobs.enqueue._INSERT_ONE": "enqueue",
+        "insert_job": "enqueue",
         "django_jobs.enqueue._COPY": "enqueue",
-        "django_jobs.transitions._CLAIM": "claim",
-        "django_jobs.transitions._END_ATTEMPT": "end attempt",
-        "django_jobs.transitions._RELEASE": "release",
-        "django_jobs.transitions._HAND_BACK": "release",
-        "django_jobs.transitions._CANCEL_MANY": "cancel",
-        "django_jobs.transitions._RETRY_MANY": "retry",
-        "django_jobs.workflows._PROMOTE": "promote",
-        "django_jobs.workflows._CANCEL_DEPENDENTS": "cancel dependents",
-        "django_jobs.workflows._CANCEL_CHILDREN": "cancel",
-        "django_jobs.workflows._FINALIZE_PARENT": "finalize parent",
-        "django_jobs.workflows._SETTLE_NEW": "settle new dependent",
+        # The worker's functions (functions.sql), and the claim's branches as statements.
+        "django_jobs_claim": "claim",
+        "django_jobs_finish": "end attempt",
+        "claim_any_queue": "claim",
+        "claim_one_queue": "claim",
+        "claim_some_queues": "claim",
+        "reap": "end attempt",
+        "release": "release",
+        "hand_back": "release",
+        "cancel_many": "cancel",
+        "retry_many": "retry",
+        "promote": "promote",
+        "cancel_dependents": "cancel dependents",
+        "cancel_children": "cancel",
+        "finalize_parent": "finalize parent",
+        "settle_new": "settle new dependent",
         # Writes run_after only; declared for its guard.
-        "django_jobs.transitions._RUN_NOW_MANY": "run now",
+        "run_now_many": "run now",
     }
 
 
@@ -317,10 +390,30 @@ def orm(job):
 
 
 def test_the_states_a_statement_writes_are_read_from_its_assignments_and_cases() -> None:
-    from django_jobs import transitions, workflows
+    assert written_states(sql.query("claim_any_queue")) == {RUNNING}
+    assert written_states(sql.query("reap")) == {DONE, WAITING, CANCELLED, PENDING, ERROR}
+    assert written_states(sql.query("django_jobs_finish")) == written_states(sql.query("reap"))
+    assert written_states(sql.query("cancel_many")) == {RUNNING, CANCELLED}
+    assert written_states(sql.query("finalize_parent")) == {DONE, ERROR, CANCELLED}
+    assert written_states(sql.query("run_now_many")) == set()
 
-    assert written_states(transitions._CLAIM) == {RUNNING}
-    assert written_states(transitions._END_ATTEMPT) == {DONE, WAITING, CANCELLED, PENDING, ERROR}
-    assert written_states(transitions._CANCEL_MANY) == {RUNNING, CANCELLED}
-    assert written_states(workflows._FINALIZE_PARENT) == {DONE, ERROR, CANCELLED}
-    assert written_states(transitions._RUN_NOW_MANY) == set()
+
+def test_a_named_statement_that_writes_state_is_found() -> None:
+    source = """
+-- name: reads
+SELECT id FROM django_jobs_job WHERE state = 'pending'
+
+-- name: bury
+-- transition: cancel
+-- Describes it.
+UPDATE django_jobs_job SET state = 'cancelled' WHERE state = 'pending'
+"""
+    reads, bury = sql.parse(source, "test.sql")
+    assert (reads.name, reads.transition, bury.name, bury.transition) == (
+        "reads",
+        None,
+        "bury",
+        CANCEL,
+    )
+    assert bury.text.startswith("UPDATE") and bury.description == "Describes it."
+    assert not _STATE_WRITE.search(reads.text) and _STATE_WRITE.search(bury.text)

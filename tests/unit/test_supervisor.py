@@ -1,7 +1,7 @@
 """The supervisor's loop, driven in-process: a fake queue, fake executors, a fake clock.
 
 No database and no process: each test runs the real loop, outbox and executor pool in
-milliseconds (the scenarios with real workers and PostgreSQL are in tests/test_*.py).
+milliseconds (the scenarios with real workers and PostgreSQL are in tests/system/).
 """
 
 from __future__ import annotations

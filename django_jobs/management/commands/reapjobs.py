@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_jobs import logging as jobs_logging
+from django_jobs import logs
 from django_jobs.management.arguments import seconds
-from django_jobs.reaper import ReapReport, logger, reap, reap_loop
+from django_jobs.reaper import ReapReport, logger, reap_loop, reap_pass
 
 
 class Command(BaseCommand):
@@ -38,7 +38,7 @@ class Command(BaseCommand):
         # Text: a line per job and a summary per pass on stdout, and on stderr the log of what
         # befell the passes (the database or the Kubernetes API out of reach). JSON: all of it
         # as structured log records.
-        jobs_logging.configure("INFO", options["log_format"])
+        logs.configure("INFO", options["log_format"])
         emit = None if as_json else self.stdout.write
 
         def summarize(report: ReapReport) -> None:
@@ -48,7 +48,7 @@ class Command(BaseCommand):
                 self.stdout.write(report.summary())
 
         if not options["loop"]:
-            summarize(reap(dry_run=options["dry_run"], emit=emit))
+            summarize(reap_pass(dry_run=options["dry_run"], emit=emit))
             return
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):

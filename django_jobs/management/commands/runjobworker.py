@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_jobs import logging as jobs_logging
+from django_jobs import logs
 from django_jobs.management.arguments import seconds, whole_number
 from django_jobs.worker.supervisor import Supervisor
 
@@ -93,7 +93,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        jobs_logging.configure(options["log_level"], options["log_format"])
+        logs.configure(options["log_level"], options["log_format"])
         supervisor = Supervisor(
             queues=options["queues"],
             concurrency=options["concurrency"],

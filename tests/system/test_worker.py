@@ -112,7 +112,7 @@ def test_no_transaction_is_open_while_a_job_runs_and_queue_io_uses_at_most_two_c
     worker = start_worker("--concurrency", "4", "--burst")
     try:
         wait_for(lambda: Job.objects.filter(state="running").count() == 4, timeout=30)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the scenario: a moment into the runs (3 s each), not at their claims
         with connect() as observer:
             sessions = observer.execute(
                 """

@@ -23,12 +23,12 @@ from django.test.utils import override_settings
 
 from django_jobs.liveness import KubernetesLiveness
 from django_jobs.models import Job, Worker
-from django_jobs.reaper import reap
+from django_jobs.reaper import reap_pass
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 
-PODS = (Path(__file__).parent / "data" / "pods.json").read_bytes()
+PODS = (Path(__file__).parent.parent / "data" / "pods.json").read_bytes()
 ALIVE = "jobs-worker-6d9c7f8b5d-2xkqp"
 RESTARTED = "jobs-worker-6d9c7f8b5d-r8vzt"
 GONE = "jobs-worker-6d9c7f8b5d-dead1"
@@ -148,7 +148,7 @@ def running_on(pod: str, silent_for: int = 30, name: str | None = None) -> Job:
 def reaped(settings: dict[str, Any]) -> dict[int, str]:
     """One pass with KubernetesLiveness: the reason of each job it reaped, by id."""
     with override_settings(**settings):
-        report = reap(liveness=KubernetesLiveness())
+        report = reap_pass(liveness=KubernetesLiveness())
     return {a.job.lease.job_id: a.reason for a in report.actions if a.new_state}
 
 
@@ -178,7 +178,7 @@ def test_pods_that_are_gone_or_restarted_mean_dead_workers(api) -> None:
 def test_a_worker_whose_pod_is_missing_but_still_beats_is_left_alone(api) -> None:
     job = running_on(GONE, silent_for=1)  # heartbeat one second ago: it is alive somewhere
     with override_settings(**kubernetes(api)):
-        report = reap(liveness=KubernetesLiveness())
+        report = reap_pass(liveness=KubernetesLiveness())
     assert [a.new_state for a in report.actions] == [None]  # judged, but the re-check refused
     assert Job.objects.get(pk=job.pk).state == "running"
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import re
 import threading
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import psycopg.sql
@@ -15,7 +18,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs import transitions
+from django_jobs import migrations, sql, transitions
 from django_jobs.models import Attempt, Job
 from django_jobs.states import Outcome
 from tests.conftest import connect
@@ -301,19 +304,74 @@ def _literal(conn, value) -> str:
     return psycopg.sql.Literal(value).as_string(conn)
 
 
-def test_the_worker_functions_in_the_database_run_the_statements_of_transitions() -> None:
-    # Migration 0005 made them from these bodies; a change to the statements needs a migration
-    # that replaces the functions, or the worker would run the old ones.
+def _function_body(name: str) -> str:
+    """The body of the function ``name`` of functions.sql: its text between the ``$body$``."""
+    return sql.query(name).split("$body$")[1]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION").split())
+
+
+FUNCTIONS = (transitions.CLAIM_FUNCTION, transitions.FINISH_FUNCTION)
+
+
+def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() -> None:
+    # A change to functions.sql needs a migration that replaces the functions, or the worker
+    # would run the old ones.
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT proname, prosrc FROM pg_proc WHERE proname IN (%s, %s)",
-            [transitions.CLAIM_FUNCTION, transitions.FINISH_FUNCTION],
+            "SELECT proname, prosrc FROM pg_proc WHERE proname IN (%s, %s)", list(FUNCTIONS)
         )
         bodies = {name: source.strip() for name, source in cursor.fetchall()}
-    assert bodies == {
-        transitions.CLAIM_FUNCTION: transitions.CLAIM_FUNCTION_BODY.strip(),
-        transitions.FINISH_FUNCTION: transitions.FINISH_FUNCTION_BODY.strip(),
-    }
+    assert bodies == {name: _function_body(name).strip() for name in FUNCTIONS}
+
+
+@pytest.mark.django_db(False)
+def test_the_latest_migration_that_makes_each_function_makes_it_as_functions_sql_says() -> None:
+    made = {}
+    for path in sorted(Path(migrations.__file__).parent.glob("0*.py")):
+        module = importlib.import_module(f"django_jobs.migrations.{path.stem}")
+        for operation in module.Migration.operations:
+            statements = getattr(operation, "sql", [])
+            for statement in [statements] if isinstance(statements, str) else statements:
+                for name in FUNCTIONS:
+                    if f"CREATE FUNCTION {name}(" in statement:
+                        made[name] = (path.stem, statement)
+    for name in FUNCTIONS:
+        migration, statement = made[name]
+        assert _words(statement) == _words(sql.query(name).removesuffix(";")), migration
+
+
+def _as_statement(branch: str, arguments: dict[str, str]) -> str:
+    """A branch of a function's body, with psycopg's parameters for the function's arguments."""
+    for argument, parameter in arguments.items():
+        branch = branch.replace(argument, parameter)
+    return _words(branch.strip().removesuffix(";"))
+
+
+@pytest.mark.django_db(False)
+def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
+    branches = re.findall(r"RETURN QUERY(.*?);", _function_body(transitions.CLAIM_FUNCTION), re.S)
+    arguments = {"p_worker_id": "%(worker_id)s", "p_skip_tasks": "%(skip_tasks)s"}
+    assert [_as_statement(branch, arguments) for branch in branches] == [
+        _words(sql.query("claim_any_queue")),
+        _words(sql.query("claim_one_queue")).replace("%(queue)s", "p_queues[1]"),
+        _words(sql.query("claim_some_queues")).replace("%(queues)s", "p_queues"),
+    ]
+
+
+@pytest.mark.django_db(False)
+def test_the_reap_is_the_finish_function_with_a_re_check_and_skip_locked() -> None:
+    (finish,) = re.findall(r"RETURN QUERY(.*?);", _function_body(transitions.FINISH_FUNCTION), re.S)
+    names = re.findall(r"\bp_(\w+)", finish)
+    reap = _words(sql.query("reap"))
+    recheck = re.search(r"AND \( %\(silence\)s.*?timeout_grace\)s\)\) \) ", reap)
+    assert recheck is not None
+    without = reap.replace(recheck.group(0), "").replace(
+        "FOR NO KEY UPDATE SKIP LOCKED", "FOR NO KEY UPDATE"
+    )
+    assert without == _as_statement(finish, {f"p_{name}": f"%({name})s" for name in names})
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as on a worker's connection

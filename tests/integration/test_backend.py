@@ -7,21 +7,14 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.management import call_command
-from django.core.management.base import SystemCheckError
 from django.db import transaction
-from django.test.utils import override_settings
 from django.utils import timezone
 
-from django_jobs import InvalidPayload, job
-from django_jobs.backend import JobsBackend
+from django_jobs import InvalidPayload
 from django_jobs.compat import (
-    InvalidTask,
-    InvalidTaskBackend,
     TaskResultDoesNotExist,
     TaskResultMismatch,
     TaskResultStatus,
-    task,
     task_backends,
 )
 from django_jobs.context import JobContext
@@ -30,105 +23,12 @@ from django_jobs.models import Job
 from django_jobs.registry import registry
 from testproject.testjobs import tasks
 from testproject.testjobs.jobs import echo
-from testproject.testjobs.models import Execution, TaskSignal
+from testproject.testjobs.models import TaskSignal
 from tests.conftest import connect
 from tests.factories import AttemptFactory, JobFactory
 
 Status = TaskResultStatus
 BACKEND = "django_jobs.backend.JobsBackend"
-
-
-# ---------------------------------------------------------------------------- the backend
-
-
-def test_the_backend_supports_defer_priority_results_and_async_tasks() -> None:
-    backend = task_backends["default"]
-    assert isinstance(backend, JobsBackend)
-    assert backend.supports_defer and backend.supports_priority
-    assert backend.supports_get_result and backend.supports_async_task
-
-
-def test_a_task_is_on_the_workers_allow_list_once_its_module_is_imported() -> None:
-    entry = registry.get(tasks.send_digest.module_path)
-    assert entry.func is tasks.send_digest.func
-    assert (entry.queue, entry.priority, entry.max_attempts, entry.timeout) == (
-        "reports",
-        10,
-        2,
-        120,
-    )
-    assert registry.get(tasks.async_double.module_path).is_async
-
-
-def test_a_plain_function_in_a_tasks_module_is_not_on_the_allow_list() -> None:
-    assert registry.find(f"{tasks.__name__}.not_a_task") is None
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"queue_name": "imports"}, "Queue 'imports' is not valid for backend"),
-        ({"priority": 101}, "priority must be a whole number between -100 and 100"),
-        ({"run_after": timezone.now().replace(tzinfo=None)}, "run_after must be an aware"),
-    ],
-)
-def test_invalid_task_options_are_refused_by_validate_task(change: dict, message: str) -> None:
-    with pytest.raises(InvalidTask, match=message):
-        tasks.add.using(**change)
-
-
-def test_a_task_must_be_a_module_level_function_that_names_its_context() -> None:
-    def local() -> None: ...
-
-    with pytest.raises(InvalidTask, match="module level"):
-        task(local)
-    with pytest.raises(InvalidTask, match="first argument of 'context'"):
-        task(takes_context=True)(tasks.not_a_task)
-
-
-def plain_function() -> None: ...
-
-
-def test_a_task_cannot_take_the_name_of_a_job_function() -> None:
-    job(name=f"{__name__}.plain_function")(echo.func)
-    with pytest.raises(InvalidTask, match="two different functions are registered"):
-        task(plain_function)
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"max_attemps": 3}, "unknown option.*max_attemps.*takes max_attempts"),
-        ({"max_attempts": 0}, "max_attempts must be an integer from 1 to"),
-        ({"timeout": "1h"}, "timeout must be a whole number of seconds"),
-        ({"retry_backoff": "fast"}, "retry_backoff must be a"),
-    ],
-)
-def test_bad_options_fail_when_the_backend_is_created(options: dict, message: str) -> None:
-    with pytest.raises(InvalidTaskBackend, match=message):
-        JobsBackend("broken", {"OPTIONS": options})
-
-
-def test_the_check_passes_when_the_app_is_installed() -> None:
-    assert list(task_backends["default"].check()) == []
-
-
-def test_the_system_check_fails_clearly_without_django_jobs_in_installed_apps() -> None:
-    from django.conf import settings
-
-    without = [app for app in settings.INSTALLED_APPS if app != "django_jobs"]
-    with override_settings(INSTALLED_APPS=without):
-        messages = list(task_backends["default"].check())
-        assert [m.id for m in messages] == ["django_jobs.E001"]
-        assert "'django_jobs' is not in INSTALLED_APPS" in messages[0].msg
-        with pytest.raises(SystemCheckError, match=r"django_jobs\.E001"):
-            call_command("check")
-
-
-def test_the_check_fails_when_jobs_database_is_not_configured() -> None:
-    with override_settings(JOBS_DATABASE="elsewhere"):
-        messages = list(task_backends["default"].check())
-    assert [m.id for m in messages] == ["django_jobs.E002"]
 
 
 # ---------------------------------------------------------------------------- enqueue
@@ -336,111 +236,3 @@ def test_a_runs_task_context_counts_the_attempts_up_to_its_own(
 
 
 # ---------------------------------------------------------------------------- the worker
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_worker_runs_tasks_next_to_jobs_and_results_read_back_faithfully(
-    start_worker,
-) -> None:
-    plain_job = echo.enqueue("a @job")
-    digest = tasks.send_digest.enqueue(5)
-    doubled = tasks.async_double.enqueue(21)
-    flaky = tasks.flaky.enqueue()
-    failing = tasks.always_fails.enqueue("nope")
-    not_json = tasks.returns_a_set.enqueue()
-    worker = start_worker("--burst", "--concurrency", "2")
-    assert worker.wait() == 0, worker.output
-    # A failed attempt is retried after the backoff; --burst may exit before it is due.
-    while Job.objects.filter(state="pending").exists():
-        assert start_worker("--burst").wait() == 0
-
-    assert Job.objects.get(pk=plain_job.pk).state == "done"
-
-    digest.refresh()
-    assert digest.status == Status.SUCCESSFUL and digest.return_value == {"sent_to": 5}
-    assert digest.enqueued_at <= digest.started_at <= digest.finished_at
-    assert digest.last_attempted_at == digest.started_at
-    assert digest.errors == [] and len(digest.worker_ids) == 1
-    assert digest.worker_ids[0].startswith(worker.name + ":")
-
-    assert tasks.async_double.get_result(doubled.id).return_value == 42
-
-    flaky.refresh()
-    assert flaky.status == Status.SUCCESSFUL and flaky.attempts == 2
-    # The TaskContext of attempt 2 said attempt 2, and held this result's id and workers.
-    assert flaky.return_value == {
-        "attempt": 2,
-        "result_id": flaky.id,
-        "worker_ids": flaky.worker_ids,
-    }
-    (error,) = flaky.errors
-    assert error.exception_class is ValueError
-    assert "attempt 1 fails on purpose" in error.traceback
-    assert 'raise ValueError(f"attempt {context.attempt} fails on purpose")' in error.traceback
-    assert flaky.started_at < flaky.last_attempted_at < flaky.finished_at
-
-    failing.refresh()
-    assert failing.status == Status.FAILED and failing.attempts == 2  # OPTIONS max_attempts
-    assert [e.exception_class_path for e in failing.errors] == ["builtins.ValueError"] * 2
-    with pytest.raises(ValueError, match="Task failed"):
-        _ = failing.return_value
-
-    not_json.refresh()
-    assert not_json.status == Status.FAILED and not_json.attempts == 1  # not retried
-    assert not_json.errors[0].exception_class_path == "django_jobs.exceptions.Fail"
-    assert "which is not JSON" in not_json.errors[0].traceback
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_worker_sends_started_and_finished_around_each_attempt(start_worker) -> None:
-    flaky = tasks.flaky.enqueue()
-    digest = tasks.send_digest.enqueue(1)
-    failing = tasks.always_fails.enqueue()
-    TaskSignal.objects.all().delete()  # the task_enqueued records
-    while Job.objects.exclude(state__in=["done", "error"]).exists():
-        worker = start_worker("--burst")
-        assert worker.wait() == 0, worker.output
-
-    def seen(result_id: str) -> list[tuple]:
-        return list(
-            TaskSignal.objects.filter(result_id=result_id).values_list(
-                "signal", "status", "attempts", "errors", "sender"
-            )
-        )
-
-    value_error = "builtins.ValueError"
-    assert seen(flaky.id) == [
-        ("task_started", "RUNNING", 1, [], BACKEND),
-        ("task_finished", "READY", 1, [value_error], BACKEND),  # to be retried
-        ("task_started", "RUNNING", 2, [value_error], BACKEND),
-        ("task_finished", "SUCCESSFUL", 2, [value_error], BACKEND),
-    ]
-    assert seen(digest.id) == [
-        ("task_started", "RUNNING", 1, [], BACKEND),
-        ("task_finished", "SUCCESSFUL", 1, [], BACKEND),
-    ]
-    # FAILED only when no attempt is left (OPTIONS max_attempts is 2).
-    assert seen(failing.id) == [
-        ("task_started", "RUNNING", 1, [], BACKEND),
-        ("task_finished", "READY", 1, [value_error], BACKEND),
-        ("task_started", "RUNNING", 2, [value_error], BACKEND),
-        ("task_finished", "FAILED", 2, [value_error] * 2, BACKEND),
-    ]
-    # Sent in the worker's executor processes, by the worker that ran each attempt.
-    signals = TaskSignal.objects.filter(result_id=flaky.id)
-    assert os.getpid() not in {s.pid for s in signals}
-    attempts = Job.objects.get(pk=int(flaky.id)).attempts.order_by("number")
-    assert [s.worker_ids[-1] for s in signals] == [
-        a.worker_id for a in attempts for _ in ("started", "finished")
-    ]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_row_naming_a_function_that_is_not_a_task_is_never_run(start_worker) -> None:
-    row = JobFactory(task=f"{tasks.__name__}.not_a_task", kwargs={"note": "ran"}, max_attempts=1)
-    worker = start_worker("--burst")
-    assert worker.wait() == 0, worker.output
-    row.refresh_from_db()
-    assert row.state == "pending" and row.attempt == 0
-    assert "waiting for a worker that has registered task" in row.error
-    assert not Execution.objects.filter(note="ran").exists()

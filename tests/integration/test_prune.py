@@ -6,7 +6,6 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import override_settings
@@ -14,10 +13,11 @@ from django.utils import timezone
 
 from django_jobs import conf
 from django_jobs.models import Attempt, Dependency, Job
-from django_jobs.prune import _DELETE, prune
+from django_jobs.prune import prune
+from django_jobs.sql import query
+from support.history import fill_history
 from tests.conftest import connect
 from tests.factories import AttemptFactory, JobFactory
-from tests.history import fill_history
 
 
 def old_job(days: float = 30, state: str = "done", **fields) -> Job:
@@ -185,37 +185,6 @@ def test_jobs_retention_gives_the_defaults() -> None:
     assert conf.retention() == conf.Retention(timedelta(days=14), ("done", "cancelled", "error"))
 
 
-@pytest.mark.parametrize(
-    ("setting", "message"),
-    [
-        ({"older_than": "a fortnight"}, "expected a duration"),
-        ({"states": ["pending"]}, "finished states only"),
-        ({"keep": "everything"}, "unknown keys"),
-    ],
-)
-def test_a_wrong_jobs_retention_says_what_to_fix(setting, message) -> None:
-    with (
-        override_settings(JOBS_RETENTION=setting),
-        pytest.raises(ImproperlyConfigured, match=message),
-    ):
-        conf.retention()
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("90s", timedelta(seconds=90)),
-        ("15m", timedelta(minutes=15)),
-        ("1.5h", timedelta(hours=1.5)),
-        ("14d", timedelta(days=14)),
-        ("2w", timedelta(weeks=2)),
-        ("3600", timedelta(hours=1)),
-    ],
-)
-def test_durations_read_like_people_write_them(text, expected) -> None:
-    assert conf.parse_duration(text) == expected
-
-
 @pytest.mark.django_db
 def test_prunejobs_command_prunes_with_its_options_and_reports() -> None:
     done, error = old_job(days=20), old_job(days=20, state="error")
@@ -287,13 +256,14 @@ def test_each_batch_commits_on_its_own() -> None:
     assert seen_from_outside == [3, 2, 1, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_batch_statement_reads_indexes_only_at_200k_jobs() -> None:
     with connection.cursor() as cursor:
         fill_history(cursor, finished=200_000, pending=2_000, waiting=500)
         cursor.execute("VACUUM ANALYZE")
         cursor.execute(
-            "EXPLAIN " + _DELETE,
+            "EXPLAIN " + query("prune_batch"),
             {
                 "states": ["done", "cancelled", "error"],
                 "cutoff": timezone.now() - timedelta(days=14),

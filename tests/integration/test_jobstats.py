@@ -91,14 +91,6 @@ def test_the_view_functions_return_plain_rows(busy_queues) -> None:
     assert {(r["queue"], r["state"]) for r in stats.queue_summary()} >= {("default", "pending")}
 
 
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(None, ""), (0.4, "0s"), (59, "59s"), (252, "4m12s"), (11100, "3h05m"), (187200, "2d04h")],
-)
-def test_ages_read_like_durations(seconds, text) -> None:
-    assert stats.format_age(seconds) == text
-
-
 def test_jobstats_prints_a_table_per_queue(busy_queues) -> None:
     out = StringIO()
     call_command("jobstats", stdout=out)

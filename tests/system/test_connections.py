@@ -18,12 +18,13 @@ from urllib.parse import quote, urlencode
 import pytest
 from django.db import connection
 
-from django_jobs.models import Job
+from django_jobs import db
+from django_jobs.models import Job, Worker
+from support import pgbouncer as pgbouncer_launcher
+from support.pgbouncer import PgBouncer
 from testproject.testjobs.jobs import echo, record, sleep
-from tests import pgbouncer as pgbouncer_launcher
 from tests.conftest import ROOT, connect, database_url, wait_for
 from tests.factories import AttemptFactory, JobFactory
-from tests.pgbouncer import PgBouncer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,19 +34,31 @@ def started_after_commit(job: Job) -> float:
     return (job.started_at - job.created_at).total_seconds()
 
 
+def listening_and_idle() -> bool:
+    """Whether a worker has registered, listens, and has nothing left to claim: from here on,
+    only a notification or its next poll (30s away in these tests) can make it claim."""
+    with connect() as observer:
+        listening = observer.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE query = %s AND datname = current_database()",
+            (f"LISTEN {db.CHANNEL}",),
+        ).fetchone()[0]
+    return bool(listening) and Worker.objects.exists()
+
+
 def test_an_idle_worker_wakes_on_notify_not_on_its_poll(start_worker) -> None:
     worker = start_worker("--poll-interval", "30", env={"JOBS_LISTEN": "true"})
-    time.sleep(2)  # let it start, poll once and go idle
+    wait_for(listening_and_idle)
     job = echo.enqueue("wake up")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
-    assert started_after_commit(job) < 1.0  # polling alone would take up to 30s
+    assert started_after_commit(job) < 5  # its next poll is about 30s away
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
 
 
 def test_without_listen_the_worker_polls(start_worker) -> None:
     worker = start_worker("--poll-interval", "0.5", env={"JOBS_LISTEN": "false"})
-    time.sleep(2)
+    wait_for(Worker.objects.exists)  # registered: from here on, it polls an empty queue
     job = echo.enqueue("found by polling")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
     worker.signal(signal.SIGTERM)
@@ -240,10 +253,10 @@ def test_listen_goes_to_the_server_directly_while_queue_work_goes_through_pgboun
 ) -> None:
     env = pooled_env(pgbouncer, JOBS_LISTEN="true", JOBS_LISTEN_DATABASE_URL=database_url())
     worker = start_worker("--poll-interval", "30", env=env)
-    time.sleep(2)
+    wait_for(listening_and_idle)
     job = record.enqueue(note="woken")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
-    assert started_after_commit(job) < 1.0
+    assert started_after_commit(job) < 5  # its next poll is about 30s away
 
     # By backend pid, not client port: over a Unix socket every client port is -1.
     pooled_backends = {s["remote_pid"] for s in pgbouncer.console("SHOW SERVERS")}
@@ -263,7 +276,7 @@ def test_a_pgbouncer_left_behind_is_stopped_by_its_pid_and_nothing_else_is(pgbou
         [
             sys.executable,
             "-c",
-            "import os, sys; from tests import pgbouncer; "
+            "import os, sys; from support import pgbouncer; "
             "bouncer = pgbouncer.start(*sys.argv[1:]); "
             "print(bouncer.process.pid, bouncer.directory, flush=True); "
             "os._exit(0)",  # no atexit, as for a SIGKILL

@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from support.history import fill_history
 from tests.conftest import ROOT
-from tests.history import fill_history
 
 VIEWS = [
     "django_jobs_queue_summary",
@@ -259,6 +259,7 @@ INDEXES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_view_plans_use_their_indexes_and_never_scan_the_job_or_attempt_table() -> None:
     with connection.cursor() as cursor:

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from django_jobs import transitions, workflows
 from django_jobs.models import Dependency, Job
+from django_jobs.sql import query
 from django_jobs.states import Outcome, State
 from django_jobs.transitions import Lease
 from testproject.testjobs.jobs import echo
@@ -99,40 +100,71 @@ def page(job_id: int, **params: Any) -> dict[str, Any]:
 
 
 def claim() -> Moves:
-    jobs_in_every_state()
+    # The worker's function, through each of its branches: any queue, one queue, some queues.
+    for queue in ("one", "two", "three"):
+        jobs_in_every_state(queue=queue)
     with watching() as moves, connection.cursor() as cursor:
-        while transitions.claim(cursor, WORKER, None) is not None:
-            pass
+        for queues in (["one"], ["two", "elsewhere"], None):
+            while transitions.claim(cursor, WORKER, queues) is not None:
+                pass
     return moves
 
 
-def end_attempt() -> Moves:
+def claim_statement(queues: list[str] | None) -> Callable[[], Moves]:
+    """Run the claim's branch for ``queues`` as a statement (transitions.claim_sql)."""
+
+    def exercise() -> Moves:
+        jobs_in_every_state()
+        sql, params = transitions.claim_sql(queues)
+        with watching() as moves, connection.cursor() as cursor:
+            while True:
+                cursor.execute(sql, {"worker_id": WORKER, **params})
+                if cursor.fetchone() is None:
+                    break
+        return moves
+
+    return exercise
+
+
+def end_attempts(end: Callable[[Any, Lease, str, bool], object]) -> Moves:
+    """End attempts with ``end(cursor, lease, outcome, retryable)`` every way they can end."""
     everyone = jobs_in_every_state()
     succeeds, spawned, cancelled, retried, failed = (running() for _ in range(5))
     JobFactory(parent=spawned, parent_attempt=1)  # an unfinished child: the parent waits
     Job.objects.filter(pk=cancelled.pk).update(cancel_requested=True)
     Job.objects.filter(pk=failed.pk).update(max_attempts=1)
-    lost, lost_for_good = running(), running(max_attempts=1)
     with watching() as moves, connection.cursor() as cursor:
         for job in everyone:
-            transitions.finish(cursor, lease(job), Outcome.DONE)
-        transitions.finish(cursor, lease(succeeds), Outcome.DONE)
-        transitions.finish(cursor, lease(spawned), Outcome.DONE)
-        transitions.finish(cursor, lease(cancelled), Outcome.ERROR)
-        transitions.finish(cursor, lease(retried), Outcome.ERROR, retryable=True)
-        transitions.finish(cursor, lease(failed), Outcome.ERROR)
-        # The reaper ends attempts with the same statement.
-        for job in (lost, lost_for_good):
-            transitions.reap(
-                cursor,
-                lease(job),
-                Outcome.LOST,
-                error="lost",
-                retry_delay=0,
-                silence=None,
-                timeout_grace=0,
-            )
+            end(cursor, lease(job), Outcome.DONE, True)
+        end(cursor, lease(succeeds), Outcome.DONE, True)
+        end(cursor, lease(spawned), Outcome.DONE, True)
+        end(cursor, lease(cancelled), Outcome.ERROR, True)
+        end(cursor, lease(retried), Outcome.ERROR, True)
+        end(cursor, lease(failed), Outcome.ERROR, True)
     return moves
+
+
+def finish() -> Moves:
+    return end_attempts(
+        lambda cursor, lease, outcome, retryable: transitions.finish(
+            cursor, lease, outcome, retryable=retryable
+        )
+    )
+
+
+def reap() -> Moves:
+    # The reaper ends attempts with the finish's statement (see ending.sql), lost or overdue.
+    return end_attempts(
+        lambda cursor, lease, outcome, _: transitions.reap(
+            cursor,
+            lease,
+            outcome,
+            error="lost",
+            retry_delay=0,
+            silence=None,
+            timeout_grace=0,
+        )
+    )
 
 
 def release() -> Moves:
@@ -165,7 +197,7 @@ def cancel_children() -> Moves:
     jobs_in_every_state(parent=parent, parent_attempt=1)
     with watching() as moves, connection.cursor() as cursor:
         params = page(parent.pk, attempt=None, final=True)
-        cursor.execute(workflows._CANCEL_CHILDREN, params)
+        cursor.execute(query("cancel_children"), params)
     return moves
 
 
@@ -173,7 +205,7 @@ def cancel_dependents() -> Moves:
     upstream = finished(State.ERROR)
     depending_on(upstream, jobs_in_every_state())
     with watching() as moves, connection.cursor() as cursor:
-        cursor.execute(workflows._CANCEL_DEPENDENTS, page(upstream.pk))
+        cursor.execute(query("cancel_dependents"), page(upstream.pk))
     return moves
 
 
@@ -181,7 +213,7 @@ def promote() -> Moves:
     upstream = finished(State.DONE)
     depending_on(upstream, jobs_in_every_state())
     with watching() as moves, connection.cursor() as cursor:
-        cursor.execute(workflows._PROMOTE, page(upstream.pk))
+        cursor.execute(query("promote"), page(upstream.pk))
     return moves
 
 
@@ -189,7 +221,7 @@ def settle_new() -> Moves:
     ready = depending_on(finished(State.DONE), jobs_in_every_state())
     doomed = depending_on(finished(State.ERROR), jobs_in_every_state())
     with watching() as moves, connection.cursor() as cursor:
-        cursor.execute(workflows._SETTLE_NEW, {"ids": [job.pk for job in ready + doomed]})
+        cursor.execute(query("settle_new"), {"ids": [job.pk for job in ready + doomed]})
     return moves
 
 
@@ -247,20 +279,24 @@ def enqueue_many() -> Moves:
 #: Every statement that writes ``state`` (or is guarded by the state machine), and how to run it
 #: from every state.
 EXERCISES: dict[str, Callable[[], Moves]] = {
-    "django_jobs.enqueue._INSERT_ONE": enqueue_one,
+    "insert_job": enqueue_one,
     "django_jobs.enqueue._COPY": enqueue_many,
-    "django_jobs.transitions._CLAIM": claim,
-    "django_jobs.transitions._END_ATTEMPT": end_attempt,
-    "django_jobs.transitions._RELEASE": release,
-    "django_jobs.transitions._HAND_BACK": hand_back,
-    "django_jobs.transitions._CANCEL_MANY": cancel,
-    "django_jobs.transitions._RETRY_MANY": retry,
-    "django_jobs.transitions._RUN_NOW_MANY": run_now,
-    "django_jobs.workflows._PROMOTE": promote,
-    "django_jobs.workflows._CANCEL_DEPENDENTS": cancel_dependents,
-    "django_jobs.workflows._CANCEL_CHILDREN": cancel_children,
-    "django_jobs.workflows._FINALIZE_PARENT": finalize_parent,
-    "django_jobs.workflows._SETTLE_NEW": settle_new,
+    "django_jobs_claim": claim,
+    "claim_any_queue": claim_statement(None),
+    "claim_one_queue": claim_statement(["default"]),
+    "claim_some_queues": claim_statement(["default", "other"]),
+    "django_jobs_finish": finish,
+    "reap": reap,
+    "release": release,
+    "hand_back": hand_back,
+    "cancel_many": cancel,
+    "retry_many": retry,
+    "run_now_many": run_now,
+    "promote": promote,
+    "cancel_dependents": cancel_dependents,
+    "cancel_children": cancel_children,
+    "finalize_parent": finalize_parent,
+    "settle_new": settle_new,
 }
 
 

@@ -18,7 +18,7 @@ from django.db import connection
 
 from tests.conftest import ROOT, connect, database_url
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 PARTS = ["throughput", "enqueue", "latency", "scale", "cost"]
 PEERS = {"procrastinate", "tasks_db", "pgqueuer"}

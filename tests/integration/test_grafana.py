@@ -10,61 +10,9 @@ import pytest
 from django.db import connection
 from django.db.utils import ProgrammingError
 
+from support.grafana import expand, load, panel_queries
 from tests.conftest import ROOT
-from tests.grafana import expand, load, panel_queries, panels
-
-# The columns each panel's query must return, in order.
-EXPECTED_COLUMNS = {
-    "Backlog per queue": ["queue", "ready", "scheduled", "waiting", "running"],
-    "Oldest ready job": ["queue", "oldest_ready_seconds"],
-    "Workers alive": ["alive", "dead", "busy_slots", "slots"],
-    "Throughput: attempts done per minute": ["time", "metric", "done_per_minute"],
-    "Failure rate": ["time", "metric", "failure_rate"],
-    "Failures per minute by task": ["time", "metric", "failed_per_minute"],
-    "Duration percentiles (successful attempts, last hour)": [
-        "task",
-        "queue",
-        "attempts",
-        "p50",
-        "p95",
-        "max",
-    ],
-    "Stuck jobs": [
-        "job_id",
-        "queue",
-        "task",
-        "reason",
-        "state",
-        "worker_id",
-        "attempt",
-        "max_attempts",
-        "since",
-        "age_seconds",
-    ],
-    "Recent failures": [
-        "time",
-        "job_id",
-        "queue",
-        "task",
-        "attempt",
-        "max_attempts",
-        "outcome",
-        "job_state",
-        "worker_id",
-        "duration_seconds",
-        "error",
-    ],
-    "Workers": [
-        "worker_id",
-        "host",
-        "alive",
-        "seen_seconds_ago",
-        "running_jobs",
-        "concurrency",
-        "queues",
-        "started_at",
-    ],
-}
+from tests.unit.test_grafana import EXPECTED_COLUMNS
 
 
 def six_hours() -> dict[str, datetime]:
@@ -82,53 +30,6 @@ def run(sql: str) -> tuple[list[str], list[tuple]]:
     with connection.cursor() as cursor:
         cursor.execute(sql)
         return [c[0] for c in cursor.description], cursor.fetchall()
-
-
-def test_expansion_follows_grafanas_postgres_macros() -> None:
-    start = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)
-    end = datetime(2026, 11, 30, 7, 0, 0, 250000, tzinfo=UTC)
-    sql = (
-        "SELECT $__timeGroupAlias(minute, $__interval), $__interval_ms, $__timeFrom(), "
-        "$__timeTo() FROM t WHERE $__timeFilter(minute) AND queue IN ($queue) "
-        "AND x = '${single}'"
-    )
-    assert expand(
-        sql,
-        time_from=start,
-        time_to=end,
-        interval="5m",
-        variables={"queue": ["a", "o'b"], "single": "one"},
-    ) == (
-        'SELECT floor(extract(epoch from minute)/300)*300 AS "time", 300000, '
-        "'2026-11-30T01:00:00Z', '2026-11-30T07:00:00.25Z' FROM t WHERE minute BETWEEN "
-        "'2026-11-30T01:00:00Z' AND '2026-11-30T07:00:00.25Z' AND queue IN ('a','o''b') "
-        "AND x = 'one'"
-    )
-    with pytest.raises(ValueError, match="unknown macro"):
-        expand("SELECT $__nonsense(x)")
-
-
-def test_the_dashboard_picks_its_postgres_data_source_from_a_variable() -> None:
-    dashboard = load()
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"
-    assert variables["datasource"]["query"] == "grafana-postgresql-datasource"
-    assert variables["queue"]["multi"] and variables["queue"]["includeAll"]
-    wanted = {"type": "grafana-postgresql-datasource", "uid": "${datasource}"}
-    assert variables["queue"]["datasource"] == wanted
-    for panel in panels(dashboard):
-        assert panel["datasource"] == wanted, panel["title"]
-        for target in panel["targets"]:
-            assert target["datasource"] == wanted and target["rawQuery"], panel["title"]
-    assert "__inputs" not in dashboard  # nothing to map at import time
-    assert dashboard["uid"] == "django-jobs"
-
-
-def test_the_panels_cover_what_operators_watch() -> None:
-    titles = [title for title, _, _ in panel_queries()]
-    assert sorted(titles) == sorted(EXPECTED_COLUMNS)
-    ids = [panel["id"] for panel in panels()]
-    assert len(ids) == len(set(ids))
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import sys
 import pytest
 from django.utils import timezone
 
-from django_jobs.logging import JSONFormatter
 from django_jobs.models import Job
 from testproject.testjobs.jobs import ask_retry, echo, record
 from tests.conftest import ROOT, wait_for
@@ -98,24 +96,3 @@ def test_reapjobs_json_logs_each_reap_with_queue_and_duration(worker_env) -> Non
     assert (reap["queue"], reap["task"], reap["attempt"]) == ("reports", "tests.sleep", 1)
     assert reap["worker_id"] == "gone:1:abc"
     assert 170 < reap["duration"] < 600
-
-
-def test_the_json_formatter_keeps_only_known_fields_and_exceptions() -> None:
-    logger = logging.getLogger("django_jobs.test")
-    try:
-        raise ValueError("broken")
-    except ValueError:
-        record = logger.makeRecord(
-            "django_jobs.test",
-            logging.ERROR,
-            __file__,
-            1,
-            "job %d failed",
-            (7,),
-            sys.exc_info(),
-            extra={"event": "finish", "job_id": 7, "secret": "not logged"},
-        )
-    entry = json.loads(JSONFormatter().format(record))
-    assert entry["message"] == "job 7 failed" and entry["event"] == "finish"
-    assert entry["job_id"] == 7 and "secret" not in entry
-    assert "ValueError: broken" in entry["exception"]

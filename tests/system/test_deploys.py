@@ -61,7 +61,7 @@ def test_a_task_that_no_worker_has_ends_in_error_after_the_timeout(start_worker)
     )
     try:
         orphaned = wait_for(lambda: Job.objects.filter(pk=orphaned.pk, state="error").first())
-        time.sleep(1.5)
+        time.sleep(1.5)  # the scenario: past JOBS_UNKNOWN_TASK_TIMEOUT (1 s), awaited stays
         awaited.refresh_from_db()
     finally:
         old.signal(signal.SIGTERM)
@@ -106,6 +106,7 @@ def test_a_run_clears_the_mark_of_a_missing_task(start_worker) -> None:
     assert job.state == "done" and job.result == 7 and job.task_missing_since is None
 
 
+@pytest.mark.slow
 def test_a_worker_started_before_its_database_exists_waits_then_serves(worker_env) -> None:
     name = f"dj_later_{uuid.uuid4().hex[:8]}"
     url = database_url().replace(f"/{connection.settings_dict['NAME']}", f"/{name}", 1)
@@ -122,9 +123,9 @@ def test_a_worker_started_before_its_database_exists_waits_then_serves(worker_en
         )
     admin = _connect("postgres")
     try:
-        time.sleep(2)  # past Django's start-up
+        wait_for(log.read_text, timeout=30)  # past Django's start-up: its first try failed
         busy_at_start = _cpu_seconds(worker.pid)
-        time.sleep(18)
+        time.sleep(18)  # the scenario: a while without a database
         lines = log.read_text().splitlines()
         print(f"{len(lines)} log lines in 20 s without a database:", *lines, sep="\n")
         # The first failure at once, then a line a minute: not hundreds a second.

@@ -1,0 +1,174 @@
+-- How a claim ends: finished by its worker, reaped, released or handed back. Every write is
+-- fenced on the claim's lease (attempt, worker and token): a statement that matches no row
+-- means the lease was lost.
+
+-- name: call_finish
+-- The worker's finish, inside django_jobs_finish() (functions.sql): the reap below without
+-- its re-check and without SKIP LOCKED.
+SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
+                                 %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
+                                 %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
+                                 %(retry_delay)s::float8)
+
+-- name: reap
+-- transition: end attempt
+-- Ending an attempt: the worker's finish (django_jobs_finish) and the reaper's reap are one
+-- statement. It is fenced on the lease (and locks FOR NO KEY UPDATE, as the claim does, so that
+-- a transaction enqueueing a dependent or a child of the job never holds it back), decides the
+-- job's next state in one place, and closes the attempt row:
+-- - success: done, or waiting if the job spawned children that are not finished yet (the
+--   parent is finalized when its last child ends, see workflows.sql), or cancelled if its
+--   cancellation was requested meanwhile (its unfinished children are then cancelled too);
+-- - cancelled if cancellation was asked for;
+-- - pending again, after the retry delay counted from the database's now(), while attempts
+--   remain and the failure is retryable;
+-- - error otherwise.
+-- It also says whether the job has a parent, dependents, or unfinished children of this
+-- attempt, which then need settling. A parent's outcome is decided by the children of its
+-- final attempt only (parent_attempt); those of an attempt that failed are cancelled by the
+-- settling.
+-- The reap differs from the finish twice: SKIP LOCKED, so a reaper never waits on a row a
+-- worker is finishing right now; and the reason is re-checked (the AND (...) on silence and
+-- timeout), so a job that finished, was re-claimed, or whose worker has just sent a heartbeat
+-- is left alone. silence NULL skips the heartbeat check, for a worker known to be gone.
+-- Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx;
+-- the worker table's primary key for the heartbeat re-check.
+WITH target AS (
+    SELECT id, attempt,
+           CASE
+               WHEN %(outcome)s = 'done' THEN
+                   CASE WHEN NOT EXISTS (
+                       SELECT 1 FROM django_jobs_job c
+                       WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
+                         AND (c.parent_attempt IS NULL OR c.parent_attempt = j.attempt)
+                   ) THEN 'done'
+                   WHEN cancel_requested THEN 'cancelled'
+                   ELSE 'waiting' END
+               WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
+               WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
+               ELSE 'error'
+           END AS new_state
+    FROM django_jobs_job j
+    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+      AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
+      AND (
+        %(silence)s::float8 IS NULL
+        OR NOT EXISTS (
+            SELECT 1 FROM django_jobs_worker w
+            WHERE w.id = j.worker_id
+              AND w.last_seen_at >= now() - make_interval(secs => %(silence)s::float8)
+        )
+        OR (j.timeout IS NOT NULL
+            AND j.started_at < now() - make_interval(secs => j.timeout + %(timeout_grace)s))
+      )
+    FOR NO KEY UPDATE SKIP LOCKED
+), job AS (
+    UPDATE django_jobs_job j
+    SET state = t.new_state,
+        finished_at = CASE WHEN t.new_state IN ('pending', 'waiting') THEN NULL ELSE now() END,
+        run_after = CASE WHEN t.new_state = 'pending'
+                         THEN now() + make_interval(secs => %(retry_delay)s)
+                         ELSE j.run_after END,
+        worker_id = CASE WHEN t.new_state = 'pending' THEN NULL ELSE j.worker_id END,
+        result = %(result)s::jsonb,
+        error = %(error)s,
+        task_missing_since = NULL
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.id, j.state, j.parent_id, j.attempt
+), closed AS (
+    UPDATE django_jobs_attempt a
+    SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
+    FROM target t
+    WHERE a.job_id = t.id AND a.number = t.attempt AND a.worker_id = %(worker_id)s
+      AND a.lease IS NOT DISTINCT FROM %(lease)s::uuid AND a.outcome = 'running'
+)
+SELECT state, parent_id,
+       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id),
+       EXISTS (SELECT 1 FROM django_jobs_job c
+               WHERE c.parent_id = job.id AND c.state IN ('waiting', 'pending', 'running')
+                 AND (c.parent_attempt IS NULL OR c.parent_attempt = job.attempt))
+FROM job
+
+-- name: release
+-- transition: release
+-- Hand an unfinished job back, at shutdown or when its worker finds it never got the claim's
+-- reply (an orphan, see heartbeat in workers.sql). The attempt is given back too, since the job
+-- did not fail; the Attempt row stays, marked released.
+-- Index: the primary key; attempt_job_number_idx.
+WITH job AS (
+    UPDATE django_jobs_job
+    SET state = 'pending', attempt = attempt - 1, worker_id = NULL, run_after = now(),
+        task_missing_since = NULL
+    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
+      AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
+    RETURNING id, pg_notify('django_jobs', queue) IS NULL
+), closed AS (
+    UPDATE django_jobs_attempt SET finished_at = now(), outcome = 'released', error = %(reason)s
+    WHERE job_id = %(job_id)s AND number = %(attempt)s AND worker_id = %(worker_id)s
+      AND lease IS NOT DISTINCT FROM %(lease)s::uuid AND outcome = 'running'
+      AND EXISTS (SELECT 1 FROM job)
+)
+SELECT id FROM job
+
+-- name: hand_back
+-- transition: release
+-- Hand back a job whose task this worker has not registered (a rolling deploy: pods that run
+-- the new release enqueue it before every worker runs that release). Like a release, it does
+-- not count the attempt; and since nothing ran, the attempt row goes too, so that a job offered
+-- to many old workers piles up no rows. The job stays where it was in the queue: the worker
+-- passes over the task's jobs for a while (the claim's skip_tasks), and a worker that has the
+-- task takes it at once.
+-- task_missing_since says since when workers have been found without the task: the job's own
+-- mark, else the earliest mark of the task's waiting jobs, else the earliest the worker has
+-- seen itself (seen_since), else now(). A job that runs loses its mark (finish, reap and
+-- release clear it). The job is not handed back but reported 'expired' when that is longer ago
+-- than give_up_after and no live worker has registered the task: the worker then ends it in
+-- error, as a finish.
+-- Index: the primary key; job_task_missing_idx for the task's marks; attempt_job_number_idx;
+-- the worker table is small.
+WITH target AS (
+    SELECT j.id,
+           COALESCE(j.task_missing_since,
+                    (SELECT min(m.task_missing_since) FROM django_jobs_job m
+                     WHERE m.task = j.task AND m.state = 'pending'
+                       AND m.task_missing_since IS NOT NULL),
+                    %(seen_since)s::timestamptz,
+                    now()) AS missing_since
+    FROM django_jobs_job j
+    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.attempt = %(attempt)s
+      AND j.worker_id = %(worker_id)s AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
+), verdict AS (
+    SELECT t.id, t.missing_since,
+           t.missing_since < now() - make_interval(secs => %(give_up_after)s::float8)
+           AND NOT EXISTS (
+               SELECT 1 FROM django_jobs_worker w
+               WHERE w.tasks ? %(task)s
+                 AND w.last_seen_at >= now() - make_interval(secs => %(worker_timeout)s::float8)
+           ) AS expired
+    FROM target t
+), job AS (
+    UPDATE django_jobs_job j
+    SET state = 'pending', attempt = j.attempt - 1, worker_id = NULL,
+        task_missing_since = v.missing_since, error = %(reason)s
+    FROM verdict v
+    WHERE j.id = v.id AND NOT v.expired
+      AND j.state = 'running' AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
+    RETURNING j.id, pg_notify('django_jobs', j.queue) IS NULL
+), gone AS (
+    DELETE FROM django_jobs_attempt
+    WHERE job_id = %(job_id)s AND number = %(attempt)s AND worker_id = %(worker_id)s
+      AND lease IS NOT DISTINCT FROM %(lease)s::uuid AND outcome = 'running'
+      AND EXISTS (SELECT 1 FROM job)
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM job) THEN 'handed back'
+            WHEN v.expired THEN 'expired' END,
+       v.missing_since
+FROM verdict v
+
+-- name: attempt_outcome
+-- What became of one claim's attempt: its outcome ('running' while it runs), or no row if no
+-- attempt row carries that lease. A worker asks when a write it retried after a broken
+-- connection matched nothing: if the first try had committed, the outcome is the one it wrote.
+-- Index: attempt_job_number_idx (its leading column, job_id).
+SELECT outcome FROM django_jobs_attempt WHERE job_id = %(job_id)s AND lease = %(lease)s::uuid

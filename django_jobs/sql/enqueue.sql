@@ -1,0 +1,69 @@
+-- Putting jobs in the table (enqueue.py). These run on Django's connection, inside the caller's
+-- transaction if there is one. The COPY of a bulk enqueue is the one statement not here: its
+-- column list depends on the jobs (enqueue._COPY).
+
+-- name: insert_job
+-- transition: enqueue
+-- One new job. run_after is a given timestamp or the database clock plus a delay, never an app
+-- clock; now() is the transaction's clock, which the claim compares run_after with. A unique
+-- key that an active job holds inserts nothing (the caller then looks that job up).
+-- The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now:
+-- the notification is delivered when the enqueueing transaction commits, and never if it rolls
+-- back. It carries only the queue name.
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
+                             run_after, parent_id, parent_attempt, unique_key, error, finished_at)
+VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+        %(max_attempts)s, %(timeout)s,
+        COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+        %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
+        %(unique_key)s, %(reason)s,
+        CASE WHEN %(state)s = 'cancelled' THEN now() END)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                           AND state IN ('waiting', 'pending', 'running')
+DO NOTHING
+RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt,
+    (CASE WHEN state = 'pending' AND run_after <= now()
+          THEN pg_notify('django_jobs', queue) END) IS NULL
+
+-- name: reserve_jobs
+-- Bulk enqueue writes its rows with COPY, the fastest way into a table. First, in this
+-- statement, it takes the rows' ids from the table's identity sequence and the values every row
+-- shares from the database clock (run_after, created_at, and finished_at for jobs born
+-- cancelled), and asks for the wake-up of idle workers if the jobs are ready now (delivered at
+-- commit, like every NOTIFY). Then one COPY writes all the rows, in the same transaction.
+SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
+             FROM generate_series(1, %(count)s)),
+       r.run_after, statement_timestamp(), CASE WHEN %(state)s = 'cancelled' THEN now() END,
+       (CASE WHEN %(state)s = 'pending' AND r.run_after <= now()
+             THEN pg_notify('django_jobs', %(queue)s) END) IS NULL,
+       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s)
+FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
+             AS run_after) r
+
+-- name: read_dependencies
+-- The dependencies' states, read without a lock: the enqueueing transaction may stay open for
+-- as long as the application likes, and must not hold back the dependencies' finishes (the
+-- dependency rows' foreign keys take only FOR KEY SHARE, which a finish does not wait for). A
+-- dependency that ends while the transaction is open cannot see the new dependent, so the new
+-- jobs are checked again once the transaction has committed (settle_new in workflows.sql).
+SELECT id, state, task FROM django_jobs_job WHERE id = ANY(%(ids)s) ORDER BY id
+
+-- name: insert_dependencies
+-- Every new job depends on every one of the dependencies.
+INSERT INTO django_jobs_dependency (job_id, depends_on_id)
+SELECT j, d FROM unnest(%(job_ids)s::bigint[]) AS j
+CROSS JOIN unnest(%(dependency_ids)s::bigint[]) AS d
+
+-- name: find_active_unique
+-- The active job that holds a unique key. Index: job_admin_unique_key_idx.
+SELECT id FROM django_jobs_job
+WHERE unique_key = %(unique_key)s AND state IN ('waiting', 'pending', 'running')
+
+-- name: parent_exists
+SELECT 1 FROM django_jobs_job WHERE id = %(parent)s
+
+-- name: analyze_jobs
+-- After a bulk enqueue of a large fan-out: until autovacuum next analyzes them (a minute or
+-- more later), the planner would think the new fan-out tiny, and page through it with plans
+-- that read all of it for every page.
+ANALYZE django_jobs_job, django_jobs_dependency

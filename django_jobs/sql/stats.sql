@@ -1,0 +1,46 @@
+-- Operations data (stats.py): reads of the SQL views of migration 0003, the public contract
+-- that Grafana also queries (see docs/operations.md).
+
+-- name: view_thresholds
+-- The views judge workers dead and jobs overdue by these session settings; set for the
+-- reading transaction only.
+SELECT set_config('django_jobs.worker_timeout', %(worker_timeout)s, true),
+       set_config('django_jobs.timeout_grace', %(timeout_grace)s, true)
+
+-- name: queue_summary
+SELECT * FROM django_jobs_queue_summary ORDER BY queue, state
+
+-- name: throughput
+SELECT * FROM django_jobs_throughput
+WHERE minute > now() - make_interval(mins => %(minutes)s) ORDER BY minute, queue, task
+
+-- name: task_durations
+SELECT * FROM django_jobs_task_durations ORDER BY queue, task
+
+-- name: workers
+SELECT * FROM django_jobs_workers ORDER BY name, worker_id
+
+-- name: stuck_jobs
+SELECT * FROM django_jobs_stuck_jobs ORDER BY age_seconds DESC, job_id LIMIT %(limit)s
+
+-- name: recent_failures
+SELECT * FROM django_jobs_recent_failures ORDER BY finished_at DESC LIMIT %(limit)s
+
+-- name: summary_clock
+SELECT now() AS generated_at
+
+-- name: summary_states
+SELECT * FROM django_jobs_queue_summary
+
+-- name: summary_ended
+SELECT queue, sum(done)::bigint AS done, sum(failed)::bigint AS failed,
+       sum(cancelled)::bigint AS cancelled
+FROM django_jobs_throughput
+WHERE minute > now() - make_interval(mins => %(minutes)s)
+GROUP BY queue
+
+-- name: summary_stuck
+SELECT queue, reason, count(*) AS jobs FROM django_jobs_stuck_jobs GROUP BY queue, reason
+
+-- name: summary_workers
+SELECT queues, concurrency, alive, running_jobs FROM django_jobs_workers
