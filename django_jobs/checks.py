@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from django_jobs import conf
+from django_jobs import conf, schedules
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -45,3 +45,32 @@ def check_jobs_database(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             )
         ]
     return []
+
+
+#: The tag of the periodic jobs' check, which the worker and scheduler commands leave out.
+SCHEDULES = "django_jobs_schedules"
+
+
+@checks.register(SCHEDULES)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every periodic job declared in code (``@job(schedule=...)``, ``JOBS_SCHEDULES``) must be
+    one a scheduler can run; one that is not is left out of the sync, never half-written.
+    ``manage.py check`` and most commands report it; a worker or scheduler starts anyway (one
+    bad schedule must not stop the others, nor the jobs) and logs it (see :func:`but_schedules`)."""
+
+    _, errors = schedules.declared()
+    return [
+        checks.Error(
+            f"A periodic job cannot run: {why}",
+            hint="Fix the declaration (cron: 5 fields or @daily/@hourly/...; timezone: an IANA "
+            "name; task: a registered @job; args and kwargs: plain JSON). Schedulers skip it.",
+            id="django_jobs.E004",
+        )
+        for name, why in errors.items()
+    ]
+
+
+def but_schedules() -> list[str]:
+    """The tags of every registered check but :data:`SCHEDULES`: the checks that the worker and
+    scheduler commands run before they start (``requires_system_checks``)."""
+    return sorted(set(checks.registry.registry.tags_available()) - {SCHEDULES})

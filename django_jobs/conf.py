@@ -278,3 +278,24 @@ def tasks_backends() -> dict[str, dict[str, Any]]:
     only to find the aliases served by ``django_jobs.backend.JobsBackend``; each backend gets its
     own ``QUEUES`` and ``OPTIONS`` from Django. Default ``{}``."""
     return {str(alias): dict(params) for alias, params in dict(_get("TASKS", {})).items()}
+
+
+def schedules() -> dict[str, dict[str, Any]]:
+    """``JOBS_SCHEDULES``: periodic jobs declared in settings, by schedule name: ``{"nightly":
+    {"task": "reports.build", "cron": "0 3 * * *", "args": [], "kwargs": {}, "timezone": "UTC",
+    "queue": "", "priority": None, "catch_up": "skip", "overlap": "allow"}}`` (only ``task`` and
+    ``cron`` are required). Default ``{}``. Checked by ``manage.py check``."""
+    value = _get("JOBS_SCHEDULES", {})
+    return dict(value) if isinstance(value, dict) else value
+
+
+def schedule_grace() -> float:
+    """``JOBS_SCHEDULE_GRACE``: seconds a periodic job's tick may be late when a scheduler first
+    sees it and still run (schedules with ``catch_up="skip"``). Default 120."""
+    return float(_get("JOBS_SCHEDULE_GRACE", 120.0))
+
+
+def scheduler_interval() -> float:
+    """``JOBS_SCHEDULER_INTERVAL``: the longest a scheduler sleeps between looks at the
+    schedules table, so that an edit in the admin takes effect within it. Default 30."""
+    return float(_get("JOBS_SCHEDULER_INTERVAL", 30.0))

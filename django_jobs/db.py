@@ -100,6 +100,13 @@ _RESTORE = "SELECT " + ", ".join(
 )
 
 
+def transaction(cursor: Cursor) -> Any:
+    """One transaction on ``cursor``'s connection (Django's or a worker's own), as a context
+    manager: committed at its end, rolled back on an error; a savepoint inside a transaction
+    already open."""
+    return raw_cursor(cursor).connection.transaction()
+
+
 def is_timeout(exc: BaseException) -> bool:
     """Whether ``exc`` (or the driver error behind a Django one) is a bounded wait running out."""
     for error in (exc, exc.__cause__):

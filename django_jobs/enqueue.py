@@ -234,6 +234,17 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
     }
 
 
+def job_values(task: Task | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of ``insert_job`` (enqueue.sql) for one call of ``task`` without
+    dependencies: exactly what :func:`enqueue` stores (the scheduler's enqueue, on a worker's
+    own connection). Raises as :func:`enqueue` does for a bad task or arguments."""
+    task = _resolve_task(task)
+    if task.depends_on or task.parent is not None:
+        raise InvalidOption("a job with dependencies or a parent goes through enqueue()")
+    args_json, kwargs_json, _, _ = _encode(args, kwargs)
+    return {**_params(task, State.PENDING.value, ""), "args": args_json, "kwargs": kwargs_json}
+
+
 def _build(
     params: dict[str, Any], args: list[Any], kwargs: dict[str, Any], row: Sequence[Any], alias: str
 ) -> Job:

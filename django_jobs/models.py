@@ -379,3 +379,6 @@ class Dashboard(Job):
         proxy = True
         verbose_name = verbose_name_plural = "dashboard"
         default_permissions = ()
+
+
+from django_jobs.schedule_models import Schedule, ScheduleTick  # noqa: E402, F401

@@ -49,6 +49,8 @@ class PruneResult:
     dependencies: int = 0
     orphaned_children: int = 0
     kept: int = 0
+    #: Periodic jobs' tick records deleted (they go with the same cutoff).
+    ticks: int = 0
     batches: int = 0
     elapsed: float = 0.0
 
@@ -61,7 +63,23 @@ class PruneResult:
         )
         if self.kept:
             line += f"; kept {self.kept} that unfinished jobs still need or were being written"
+        if self.ticks:
+            line += f"; {self.ticks} schedule tick record(s)"
         return line + f" ({self.batches} batch(es), {self.elapsed:.1f}s)"
+
+
+def _prune_ticks(alias: str, cutoff: datetime, batch_size: int, dry_run: bool) -> int:
+    """Delete the tick records created before ``cutoff``, ``batch_size`` per transaction."""
+    params = {"cutoff": cutoff, "batch_size": batch_size}
+    deleted = 0
+    while True:
+        with connections[alias].cursor() as cursor:
+            if dry_run:
+                return int(db.execute(cursor, query("count_old_ticks"), params).fetchone()[0])
+            count = int(db.execute(cursor, query("prune_ticks"), params).fetchone()[0])
+        deleted += count
+        if count < batch_size:
+            return deleted
 
 
 def check_states(states: Iterable[str]) -> tuple[str, ...]:
@@ -125,5 +143,6 @@ def prune(
         if scanned < batch_size:
             break
         params.update(after_at=last_at, after_id=last_id)
+    result.ticks = _prune_ticks(alias, cutoff, batch_size, dry_run)
     result.elapsed = time.monotonic() - started
     return result

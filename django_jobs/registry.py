@@ -53,6 +53,8 @@ class Task:
     # Set for @task functions of Django's Tasks framework (django_jobs.backend), which take a
     # TaskContext and send the framework's signals around each run.
     runner: Runner | None = None
+    # A cron expression: the task also runs periodically, as the schedule named after it.
+    schedule: str | None = None
     # Per-call options, set through using():
     run_after: datetime | timedelta | None = None
     depends_on: tuple[Any, ...] = ()
@@ -280,6 +282,7 @@ def job(
     timeout: int | None = None,
     takes_context: bool = False,
     retry_backoff: BackoffPolicy | None = None,
+    schedule: str | None = None,
 ) -> Callable[[Callable[..., Any]], Task]: ...
 def job(
     func: Callable[..., Any] | None = None,
@@ -292,6 +295,7 @@ def job(
     timeout: int | None = None,
     takes_context: bool = False,
     retry_backoff: BackoffPolicy | None = None,
+    schedule: str | None = None,
 ) -> Task | Callable[[Callable[..., Any]], Task]:
     """Register a function as a job task. Works bare (``@job``) or with options.
 
@@ -299,7 +303,9 @@ def job(
     ``max_attempts`` to ``JOBS_DEFAULT_MAX_ATTEMPTS``; ``timeout`` (seconds) to
     ``JOBS_DEFAULT_TIMEOUT``. With ``takes_context=True`` the function receives a
     :class:`~django_jobs.context.JobContext` as its first argument. ``retry_backoff`` is a
-    ``(base, cap)`` pair of seconds or a function of the failed attempt number.
+    ``(base, cap)`` pair of seconds or a function of the failed attempt number. ``schedule``
+    (a cron expression, UTC) also runs it periodically, as the schedule named after the task
+    (see :mod:`django_jobs.schedules`; an invalid expression is a system check error).
     """
 
     def decorate(f: Callable[..., Any]) -> Task:
@@ -314,6 +320,7 @@ def job(
             timeout=timeout,
             takes_context=takes_context,
             retry_backoff=retry_backoff,
+            schedule=schedule,
         )
         return registry.register(task)
 

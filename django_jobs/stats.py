@@ -68,6 +68,8 @@ class Summary(TypedDict):
     workers: WorkersSummary
     #: Stuck jobs by reason: past_timeout, worker_dead, late_pending.
     stuck: dict[str, int]
+    #: Rows of the django_jobs_schedules view: the periodic jobs, by name.
+    schedules: list[dict[str, Any]]
 
 
 @contextlib.contextmanager
@@ -141,6 +143,7 @@ def summary(window_minutes: int = 15) -> Summary:
         ended = _rows(cursor, "summary_ended", {"minutes": window_minutes})
         stuck = _rows(cursor, "summary_stuck")
         registered = _rows(cursor, "summary_workers")
+        schedules = _rows(cursor, "summary_schedules")
 
     for worker in registered:
         if isinstance(worker["queues"], str):
@@ -195,6 +198,7 @@ def summary(window_minutes: int = 15) -> Summary:
             running_jobs=sum(w["running_jobs"] for w in alive),
         ),
         stuck=dict(sorted(by_reason.items())),
+        schedules=schedules,
     )
 
 
@@ -260,7 +264,28 @@ def render(data: Summary) -> str:
             f"  {'running':<9} {q['running']:>8} {'':>8} {'':>10} "
             f"{format_age(q['oldest_running_age_seconds']):>8}",
         ]
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join(line.rstrip() for line in lines + _schedule_lines(data["schedules"]))
+
+
+def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
+    """The schedules section of :func:`render`: one line per periodic job."""
+    if not schedules:
+        return []
+    late = sum(1 for s in schedules if s["late_seconds"] > 60)
+    paused = sum(1 for s in schedules if s["paused"])
+    lines = [
+        "",
+        f"schedules · {len(schedules)} ({paused} paused, {late} late by over a minute)",
+        f"  {'name':<24} {'expression':<16} {'next run (UTC)':<16} {'late':>6}  last outcome",
+    ]
+    for s in schedules:
+        state = " paused" if s["paused"] else (" removed" if s["removed_from_code"] else "")
+        next_run = f"{s['next_run_at']:%m-%d %H:%M}" if s["next_run_at"] else "-"
+        lines.append(
+            f"  {s['name'][:24]:<24} {s['expression'][:16]:<16} {next_run:<16} "
+            f"{format_age(s['late_seconds'] or None):>6}  {s['last_outcome']}{state}"
+        )
+    return lines
 
 
 def to_json(data: Summary) -> str:

@@ -6,6 +6,7 @@ SECRET_KEY     (default: an insecure development key)
 ALLOWED_HOSTS  comma-separated (default: localhost,127.0.0.1)
 """
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,6 +103,9 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_STATEMENT_TIMEOUT_MS", int),
     ("JOBS_UNKNOWN_TASK_DELAY", float),
     ("JOBS_UNKNOWN_TASK_TIMEOUT", float),
+    ("JOBS_SCHEDULES", json.loads),
+    ("JOBS_SCHEDULE_GRACE", float),
+    ("JOBS_SCHEDULER_INTERVAL", float),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

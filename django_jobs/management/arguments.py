@@ -43,3 +43,19 @@ def seconds(*, allow_zero: bool) -> Callable[[str], float]:
         return number
 
     return parse
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log-format`` and ``--log-level``, as the long-running commands take them."""
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default) or json: one JSON object per line, for log shippers.",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        default="INFO",
+        type=str.upper,
+    )

@@ -156,3 +156,18 @@ UNION ALL
 SELECT j.id, 'busy' FROM django_jobs_job j
 WHERE j.id = ANY(%(ids)s) AND j.state IN ('done', 'error', 'cancelled')
   AND j.id NOT IN (SELECT id FROM doomed)
+
+-- name: prune_ticks
+-- The record of periodic jobs' ticks older than the cutoff, a batch at a time, in its own
+-- short transaction (schedule_tick_created_idx); rows a scheduler is writing are passed over.
+WITH batch AS (
+    SELECT id FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s
+    ORDER BY created_at LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM django_jobs_schedule_tick t USING batch WHERE t.id = batch.id RETURNING 1
+)
+SELECT count(*) FROM gone
+
+-- name: count_old_ticks
+SELECT count(*) FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s

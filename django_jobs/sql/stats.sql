@@ -44,3 +44,9 @@ SELECT queue, reason, count(*) AS jobs FROM django_jobs_stuck_jobs GROUP BY queu
 
 -- name: summary_workers
 SELECT queues, concurrency, alive, running_jobs FROM django_jobs_workers
+
+-- name: summary_schedules
+-- Periodic jobs, from the django_jobs_schedules view (migration 0012).
+SELECT name, task, expression, timezone, paused, removed_from_code, next_run_at, last_run_at,
+       last_job_id, last_outcome, late_seconds
+FROM django_jobs_schedules ORDER BY name

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django_jobs import db, transitions, workflows
+from django_jobs import db, schedules, ticks, transitions, workflows
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.transitions import Beat, ClaimedJob, Ended, HandBack, Lease, WorkerInfo
 from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
@@ -75,6 +75,10 @@ class Queue(Protocol):
     def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
 
     def unregister(self, worker_id: str) -> None: ...
+
+    def sync_schedules(self) -> schedules.SyncReport: ...
+
+    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass: ...
 
     def close(self) -> None: ...
 
@@ -157,6 +161,14 @@ class PostgresQueue:
     def unregister(self, worker_id: str) -> None:
         with self.connection.cursor() as cursor:
             transitions.unregister_worker(cursor, worker_id)
+
+    def sync_schedules(self) -> schedules.SyncReport:
+        with self.connection.cursor() as cursor:
+            return schedules.sync(cursor)
+
+    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
+        with self.connection.cursor() as cursor:
+            return ticks.fire_due(cursor, tasks)
 
     def close(self) -> None:
         self.connection.close()

@@ -19,7 +19,8 @@ behind a protocol, and the one place their errors are met (``queue.py``); the ex
 processes (``pool.py``); what the worker writes for each job (``writes.py``), kept in the outbox
 until it has committed (``outbox.py``); what it logs of each job (``outcomes.py``); the jobs of
 tasks it has not registered (``deploys.py``); the retry policy they share (``backoff.py``); the
-signals that stop it (``signals.py``); hooks to measure it by (``observer.py``).
+signals that stop it (``signals.py``); hooks to measure it by (``observer.py``); the periodic
+jobs it fires between claims (``scheduler.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from django_jobs.worker.pool import (
     Slot,
 )
 from django_jobs.worker.queue import FAILED, PostgresQueue, Queue, QueueGate
+from django_jobs.worker.scheduler import Scheduler
 from django_jobs.worker.signals import WakeSocket
 from django_jobs.worker.wakeup import Wakeup
 from django_jobs.worker.writes import JobWrites
@@ -83,6 +85,7 @@ class Supervisor:
         db: Queue | None = None,
         pool: ExecutorPool | None = None,
         observer: Observer | None = None,
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise InvalidOption("concurrency must be at least 1")
@@ -121,6 +124,7 @@ class Supervisor:
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
         self.gate = QueueGate(self.db)
+        self.scheduler = Scheduler(self.db, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
         self.unknown_tasks = UnknownTasks(self.worker_id)
         self.writes = JobWrites(
@@ -208,6 +212,7 @@ class Supervisor:
             self._heartbeat()
         if not self.recovered and not self.gate.waiting():
             self._recover_earlier_boots()
+        self.scheduler.step(self.stopping)
         if now >= self.next_poll:
             self.queue_may_have_work = True
         if self.wakeup is not None:
@@ -294,7 +299,7 @@ class Supervisor:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        moments = [self.next_heartbeat]
+        moments = [self.next_heartbeat, self.scheduler.due_at]
         # While claims are held back (a database backoff, no recent heartbeat, stopping), a
         # poll is no reason to wake: what ends the hold is a moment below, or an event.
         if self._can_claim():

@@ -212,3 +212,11 @@ if os.environ.get("TESTJOBS_NEW_RELEASE"):
     @job(name="tests.new_in_this_release", max_attempts=1)
     def new_in_this_release(n: int = 0) -> int:
         return n
+
+
+# On 29 February only: every worker of the suite syncs it, and it must not fire in the middle of
+# another test's run.
+@job(name="tests.nightly", schedule="0 4 29 2 *", queue="reports", priority=3, timeout=600)
+def nightly(*args: Any, **kwargs: Any) -> dict:
+    """A periodic job declared in code (tests/integration/test_schedules.py)."""
+    return {"args": list(args), "kwargs": kwargs}

@@ -19,6 +19,7 @@ VIEWS = [
     "django_jobs_workers",
     "django_jobs_stuck_jobs",
     "django_jobs_recent_failures",
+    "django_jobs_schedules",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.

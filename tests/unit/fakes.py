@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 
 from django_jobs import workflows
+from django_jobs.schedules import SyncReport
+from django_jobs.ticks import FirePass
 from django_jobs.transitions import (
     EXPIRED,
     HANDED_BACK,
@@ -64,6 +66,16 @@ class FakeJob:
     cancel_requested: bool = False
 
 
+@dataclasses.dataclass
+class FakeSchedule:
+    """A periodic job every ``every`` seconds of the fake clock, next due at ``due``."""
+
+    name: str
+    every: float
+    due: float
+    fired: list[float] = dataclasses.field(default_factory=list)
+
+
 class FakeQueue:
     """The :class:`~django_jobs.worker.queue.Queue` protocol over a dict of jobs.
 
@@ -89,6 +101,7 @@ class FakeQueue:
         self.on_hand_back: Callable[[], None] | None = None
         self.expired_tasks: set[str] = set()
         self.run_elsewhere = False
+        self.schedules: list[FakeSchedule] = []
 
     def add(self, task: str, count: int = 1, **fields: Any) -> list[FakeJob]:
         added = []
@@ -244,6 +257,25 @@ class FakeQueue:
 
     def unregister(self, worker_id: str) -> None:
         self._call("unregister")
+
+    def sync_schedules(self) -> SyncReport:
+        self._call("sync_schedules")
+        return SyncReport()
+
+    def fire_schedules(self, tasks: list[str]) -> FirePass:
+        """Each due schedule fires once (missed ticks skipped), and is advanced."""
+        self._call("fire_schedules")
+        done, now = FirePass(), self.clock.now
+        for schedule in self.schedules:
+            if schedule.due <= now:
+                schedule.fired.append(now)
+                done.fired += 1
+                done.handled += 1
+                while schedule.due <= now:
+                    schedule.due += schedule.every
+        if self.schedules:
+            done.seconds_until_due = min(s.due for s in self.schedules) - now
+        return done
 
     def close(self) -> None:
         pass

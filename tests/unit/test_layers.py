@@ -17,12 +17,12 @@ PACKAGE = ROOT / "django_jobs"
 #: Lowest first. A module may import modules of its own layer and of those below.
 LAYERS: list[set[str]] = [
     # states, settings and errors
-    {"states", "conf", "exceptions", "storable", "sanitize", "compat", "logs", "cursor"},
+    {"states", "conf", "exceptions", "storable", "sanitize", "compat", "logs", "cursor", "cron"},
     # models, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)
-    {"models", "db", "sql", "registry"},
+    {"models", "schedule_models", "db", "sql", "registry"},
     # statements
-    {"transitions", "workflows", "enqueue", "prune", "stats", "context"},
+    {"transitions", "workflows", "enqueue", "prune", "stats", "context", "schedules", "ticks"},
     # the worker and the services
     {"worker", "reaper", "liveness", "actions", "backend", "dashboard", "checks", "apps"},
     # commands, admin, and the package's public names
@@ -37,6 +37,8 @@ LATE_IMPORTS_UP = {
     ("conf", "registry"),
     # Task.enqueue() and enqueue_many(), the public way to enqueue.
     ("registry", "enqueue"),
+    # Schedule.pause(), resume(), run_now() and recompute_next_run(), for the admin.
+    ("schedule_models", "ticks"),
 }
 
 
@@ -168,7 +170,7 @@ def test_the_imports_that_point_up_are_made_late_and_are_the_known_ones() -> Non
 
 def test_the_finder_reads_each_form_of_import() -> None:
     early = imports(early=True)
-    assert early["django_jobs.models"] == {"django_jobs.states"}
+    assert early["django_jobs.models"] == {"django_jobs.states", "django_jobs.schedule_models"}
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",
         "django_jobs.db",

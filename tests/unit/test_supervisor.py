@@ -80,7 +80,7 @@ def supervisor(
         poll_interval=1.0,
         db=queue,
         pool=executors.pool(concurrency),
-        **options,
+        **{"scheduler": False, **options},  # the scheduler step: tests/unit/test_schedules.py
     )
 
 

@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_jobs import logs
-from django_jobs.management.arguments import seconds, whole_number
+from django_jobs import checks, logs
+from django_jobs.management.arguments import add_log_arguments, seconds, whole_number
 from django_jobs.worker.supervisor import Supervisor
 
 
@@ -18,6 +18,8 @@ def _queue_list(value: str) -> list[str]:
 
 
 class Command(BaseCommand):
+    # An invalid periodic job is logged by the scheduler and left out, not a reason to stop.
+    requires_system_checks = checks.but_schedules()
     help = (
         "Run a job worker: claim ready jobs and run them in executor processes. "
         "SIGTERM or Ctrl-C stops claiming and lets running jobs finish within --grace; "
@@ -72,6 +74,12 @@ class Command(BaseCommand):
             "(default: JOBS_LISTEN, on).",
         )
         parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="Don't fire periodic jobs from this worker (default: it does, like every "
+            "worker; each tick enqueues once however many do).",
+        )
+        parser.add_argument(
             "--grace",
             type=seconds(allow_zero=True),
             default=25.0,
@@ -79,18 +87,7 @@ class Command(BaseCommand):
             help="On SIGTERM, how long running jobs may go on before they are stopped and "
             "released back to the queue (default: 25, under Kubernetes' 30).",
         )
-        parser.add_argument(
-            "--log-format",
-            choices=["text", "json"],
-            default="text",
-            help="text (default) or json: one JSON object per line, for log shippers.",
-        )
-        parser.add_argument(
-            "--log-level",
-            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-            default="INFO",
-            type=str.upper,
-        )
+        add_log_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         logs.configure(options["log_level"], options["log_format"])
@@ -103,6 +100,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             grace=options["grace"],
             listen=False if options["no_listen"] else None,
+            scheduler=not options["no_scheduler"],
         )
         code = supervisor.run()
         if code:

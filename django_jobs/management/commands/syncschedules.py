@@ -1,0 +1,40 @@
+"""``manage.py syncschedules``: write the schedules declared in code into the table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from django_jobs import conf, schedules
+
+
+class Command(BaseCommand):
+    help = (
+        "Sync the periodic jobs declared in code (@job(schedule=...), JOBS_SCHEDULES) into the "
+        "schedules table, and print what was added, changed and marked removed. Schedulers do "
+        "this when they start; schedules made in the admin are never touched."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Change nothing; exit 1 if the table is out of sync with the code.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        with connections[conf.database_alias()].cursor() as cursor:
+            report = schedules.sync(cursor, dry_run=options["check"])
+        for line in report.lines():
+            self.stdout.write(("would be " if options["check"] else "") + line)
+        self.stdout.write(
+            f"schedules {'out of sync' if not report.in_sync else 'in sync'}: {report.summary()}"
+            if options["check"]
+            else f"schedules synced: {report.summary()}"
+        )
+        if options["check"] and not report.in_sync:
+            raise CommandError("the schedules table is out of sync with the code", returncode=1)
+        if report.errors:
+            raise CommandError(f"{len(report.errors)} invalid schedule(s) not synced")

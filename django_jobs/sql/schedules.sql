@@ -1,0 +1,102 @@
+-- Periodic jobs (schedules.py, ticks.py). A scheduler asks next_due between ticks (one small
+-- statement on schedule_due_idx); when a schedule is due it handles it in one short
+-- transaction: lock_due_schedule, insert_tick (the unique constraint schedule_tick_once decides
+-- that a tick enqueues once, however many schedulers run), insert_job of enqueue.sql (the same
+-- statement as Task.enqueue), then record_tick, which advances next_run_at in the same
+-- transaction, so that other schedulers find nothing due. The clock is always the database's.
+
+-- name: next_due
+-- Seconds until the earliest active, unpaused schedule of a registered task is due (negative:
+-- overdue), with the clock; NULL seconds when there is none. Index: schedule_due_idx.
+SELECT EXTRACT(EPOCH FROM min(next_run_at) - now())::float8, now()
+FROM django_jobs_schedule
+WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at IS NOT NULL
+  AND task = ANY(%(tasks)s)
+
+-- name: lock_due_schedule
+-- The earliest due schedule that no other scheduler is handling, locked for this transaction
+-- (milliseconds). A row another scheduler has just advanced is read with its new next_run_at
+-- and no longer qualifies. Index: schedule_due_idx.
+SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
+       next_run_at, now()
+FROM django_jobs_schedule
+WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at <= now()
+  AND task = ANY(%(tasks)s)
+ORDER BY next_run_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: lock_schedule
+-- One schedule, locked (run now, pause, resume, an edit), with the clock.
+SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
+       next_run_at, now()
+FROM django_jobs_schedule WHERE id = %(id)s
+FOR UPDATE
+
+-- name: insert_tick
+-- Claim a tick: nothing is returned if a scheduler has handled it already.
+INSERT INTO django_jobs_schedule_tick (schedule_id, fire_at, outcome, created_at)
+VALUES (%(id)s, %(fire_at)s, %(outcome)s, now())
+ON CONFLICT (schedule_id, fire_at) DO NOTHING
+RETURNING id
+
+-- name: record_tick
+-- The tick's job and outcome (tick_id NULL: no tick was run), and the schedule advanced
+-- (last_outcome NULL: kept, for a tick another scheduler handled).
+WITH tick AS (
+    UPDATE django_jobs_schedule_tick SET job_id = %(job_id)s, outcome = %(outcome)s
+    WHERE id = %(tick_id)s
+)
+UPDATE django_jobs_schedule
+SET next_run_at = %(next_run_at)s,
+    last_run_at = COALESCE(%(fire_at)s, last_run_at),
+    last_job_id = COALESCE(%(job_id)s, last_job_id),
+    last_outcome = COALESCE(left(%(last_outcome)s, 200), last_outcome),
+    updated_at = now()
+WHERE id = %(id)s
+
+-- name: set_next_run
+-- After an edit, a resume or a sync: the next fire time; last_outcome kept unless given.
+UPDATE django_jobs_schedule
+SET next_run_at = %(next_run_at)s, last_outcome = COALESCE(%(last_outcome)s, last_outcome),
+    updated_at = now()
+WHERE id = %(id)s
+
+-- name: set_paused
+UPDATE django_jobs_schedule
+SET paused = %(paused)s, paused_at = CASE WHEN %(paused)s THEN now() END,
+    paused_by = %(by)s, updated_at = now()
+WHERE id = %(id)s
+RETURNING paused_at
+
+-- name: sync_lock
+-- Two schedulers starting together sync one after the other (for this transaction only).
+SELECT pg_advisory_xact_lock(hashtext('django_jobs_schedule_sync')), now()
+
+-- name: read_schedules
+SELECT id, name, source, task, cron, timezone, args, kwargs, queue, priority, catch_up,
+       overlap, missing_from_code_since
+FROM django_jobs_schedule ORDER BY name
+
+-- name: insert_schedule
+INSERT INTO django_jobs_schedule (name, task, cron, timezone, args, kwargs, queue, priority,
+    catch_up, overlap, paused, paused_by, source, next_run_at, last_outcome, created_at,
+    updated_at)
+VALUES (%(name)s, %(task)s, %(cron)s, %(timezone)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s,
+    %(priority)s, %(catch_up)s, %(overlap)s, false, '', 'code', %(next_run_at)s, '', now(),
+    now())
+ON CONFLICT (name) DO NOTHING
+
+-- name: update_schedule
+-- Code wins for the fields code declares; pausing and the run history stay.
+UPDATE django_jobs_schedule
+SET task = %(task)s, cron = %(cron)s, timezone = %(timezone)s, args = %(args)s::jsonb,
+    kwargs = %(kwargs)s::jsonb, queue = %(queue)s, priority = %(priority)s, catch_up = %(catch_up)s,
+    overlap = %(overlap)s, missing_from_code_since = NULL,
+    next_run_at = COALESCE(%(next_run_at)s, next_run_at), updated_at = now()
+WHERE name = %(name)s AND source = 'code'
+
+-- name: mark_missing
+-- Code schedules no longer declared stop firing (the admin shows them).
+UPDATE django_jobs_schedule SET missing_from_code_since = now(), updated_at = now()
+WHERE source = 'code' AND missing_from_code_since IS NULL AND name = ANY(%(names)s)
