@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One entry point for a fresh checkout: set up, then run the demo or the test suite.
 
-    python3 scripts/dev.py demo         # migrate, enqueue example jobs, run a worker, summarize
+    python3 scripts/dev.py demo         # migrate, enqueue example jobs, run a worker (it also
+                                        # fires a periodic job), summarize
     python3 scripts/dev.py test [ARGS]  # the whole test suite (ARGS go to pytest)
     python3 scripts/dev.py test unit    # one tier: unit (no database), integration or system
 

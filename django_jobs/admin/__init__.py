@@ -12,7 +12,9 @@ This module assembles :class:`JobAdmin` from its parts and registers it and the 
 - :mod:`~django_jobs.admin.display`: the columns and fields, and the attempts' table;
 - :mod:`~django_jobs.admin.masking`: the masked payloads, errors and tracebacks;
 - :mod:`~django_jobs.admin.actions`: retry, cancel, run now and delete, with their permissions;
-- :mod:`~django_jobs.admin.dashboard`: the dashboard page.
+- :mod:`~django_jobs.admin.dashboard`: the dashboard page;
+- :mod:`~django_jobs.admin.schedules` (and its form, :mod:`~django_jobs.admin.schedule_form`):
+  the periodic jobs, registered there.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from django_jobs.admin.listing import (
     job_id,
     storable,
 )
+from django_jobs.admin.schedules import ScheduleAdmin
 from django_jobs.models import Dashboard, Job
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "ParentFilter",
     "QueueFilter",
     "RecentFilter",
+    "ScheduleAdmin",
     "StateFilter",
     "TaskFilter",
     "badge",

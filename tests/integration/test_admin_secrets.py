@@ -20,7 +20,7 @@ from django.db import models
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from django_jobs.models import Attempt, Dashboard, Dependency, Job, Worker
+from django_jobs.models import Attempt, Dashboard, Dependency, Job, Schedule, Worker
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -87,8 +87,19 @@ def secret_job() -> dict[type[models.Model], Any]:
     before = JobFactory(finished=True, kwargs=PAYLOAD, result=PAYLOAD)
     dependency = Dependency.objects.create(job=job, depends_on=before)
     JobFactory(parent=job, kwargs=PAYLOAD, error=ERROR)
+    schedule = Schedule.objects.create(
+        name="password-rotation",
+        task="tests.fail",
+        cron="@daily",
+        args=[PAYLOAD, "--password=hunter2-secret", DSN],
+        kwargs=PAYLOAD,
+        last_run_at=worker.started_at,
+        last_job_id=job.pk,
+        last_outcome=f"not enqueued: {ERROR}"[:200],
+    )
     return {
         Job: job,
+        Schedule: schedule,
         Dashboard: Dashboard.objects.get(pk=job.pk),
         Attempt: attempt,
         Dependency: dependency,

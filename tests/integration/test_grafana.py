@@ -26,6 +26,34 @@ def six_hours() -> dict[str, datetime]:
 ALL_QUEUES = {"queue": ["default", "reports", "imports"]}
 
 
+@pytest.fixture
+def busy_system(busy_queues) -> dict:
+    """:func:`~tests.conftest.busy_queues`, and schedules for the Schedules panel: one on time,
+    one late (no scheduler has fired it for ten minutes), one paused."""
+    from django.utils import timezone
+
+    from django_jobs.models import Schedule
+
+    now = timezone.now()
+    late = Schedule.objects.create(
+        name="late-report", task="tests.echo", cron="*/5 * * * *", source="code"
+    )
+    late.next_run_at = now - timedelta(minutes=10)
+    late.save(update_fields=["next_run_at"])
+    Schedule.objects.create(
+        name="on-time",
+        task="tests.echo",
+        cron="@daily",
+        timezone="Europe/Paris",
+        next_run_at=now + timedelta(hours=3),
+        last_run_at=now - timedelta(hours=21),
+        last_job_id=busy_queues["late"].pk,
+        last_outcome="enqueued",
+    )
+    Schedule.objects.create(name="paused", task="tests.echo", cron="@hourly", paused=True)
+    return busy_queues
+
+
 def run(sql: str) -> tuple[list[str], list[tuple]]:
     with connection.cursor() as cursor:
         cursor.execute(sql)
@@ -35,7 +63,7 @@ def run(sql: str) -> tuple[list[str], list[tuple]]:
 @pytest.mark.parametrize(
     ("title", "sql", "fmt"), panel_queries(), ids=[q[0] for q in panel_queries()]
 )
-def test_each_panel_query_returns_rows_with_its_columns(busy_queues, title, sql, fmt) -> None:
+def test_each_panel_query_returns_rows_with_its_columns(busy_system, title, sql, fmt) -> None:
     window = six_hours()
     expanded = expand(sql, **window, variables=ALL_QUEUES)
     assert "$" not in expanded, expanded
@@ -64,6 +92,18 @@ def test_a_panel_filtered_to_one_queue_sees_only_that_queue(busy_queues) -> None
     assert {row[1] for row in rows} == {"reports"}
 
 
+def test_the_schedules_panel_puts_late_schedules_first(busy_system) -> None:
+    sql = next(sql for title, sql, _ in panel_queries() if title == "Schedules")
+    columns, rows = run(expand(sql, **six_hours(), variables=ALL_QUEUES))
+    schedules = {row[0]: dict(zip(columns, row, strict=True)) for row in rows}
+    assert list(schedules) == ["late-report", "on-time", "paused"]
+    assert 590 <= schedules["late-report"]["late_seconds"] <= 900
+    assert schedules["on-time"]["late_seconds"] == 0
+    assert schedules["on-time"]["last_job_id"] == busy_system["late"].pk
+    assert schedules["paused"]["paused"] and not schedules["late-report"]["paused"]
+    assert not any(s["removed_from_code"] for s in schedules.values())
+
+
 def read_only_role_sql() -> str:
     text = (ROOT / "docs" / "operations.md").read_text()
     section = text.split("### A read-only role for Grafana", 1)[1]
@@ -71,7 +111,7 @@ def read_only_role_sql() -> str:
 
 
 def test_the_documented_read_only_role_can_run_every_panel_but_not_read_tables(
-    busy_queues,
+    busy_system,
 ) -> None:
     # Everything here runs in the test's transaction, which is rolled back: the role too.
     with connection.cursor() as cursor:
@@ -92,7 +132,8 @@ def test_the_documented_read_only_role_can_run_every_panel_but_not_read_tables(
             for title, sql, _ in panel_queries():
                 cursor.execute(expand(sql, **six_hours(), variables=ALL_QUEUES))
                 assert cursor.fetchall(), title
-            for table in ("django_jobs_job", "django_jobs_attempt", "django_jobs_worker"):
+            tables = ("job", "attempt", "worker", "schedule", "schedule_tick")
+            for table in (f"django_jobs_{name}" for name in tables):
                 cursor.execute("SAVEPOINT denied")
                 with pytest.raises(ProgrammingError, match="permission denied"):
                     cursor.execute(f"SELECT 1 FROM {table} LIMIT 1")

@@ -9,9 +9,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 
-from django_jobs.models import Job
+from django_jobs.models import Job, Schedule
 from tests.conftest import CHROMIUM, ROOT
 from tests.factories import AttemptFactory, JobFactory
 
@@ -52,9 +52,9 @@ def operator() -> User:
     return User.objects.create_superuser("operator", password="correct horse battery")
 
 
-def log_in(page, live_server) -> None:
+def log_in(page, live_server, username: str = "operator") -> None:
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", "operator")
+    page.fill("#id_username", username)
     page.fill("#id_password", "correct horse battery")
     page.click("input[type=submit]")
     page.wait_for_selector("#site-name")
@@ -148,3 +148,77 @@ def test_the_list_reads_well_in_dark_mode_and_on_a_narrow_window(
         assert overflow <= 0, overflow
         page.screenshot(path=str(SHOTS / name), full_page=True)
         context.close()
+
+
+def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, operator) -> None:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+
+    page.goto(f"{live_server.url}/admin/django_jobs/schedule/add/")
+    page.fill("#id_name", "hourly-echo")
+    page.select_option("#id_task", "tests.echo")
+    page.fill("#id_cron", "61 * * * *")
+    page.fill("#id_kwargs", '{"feed": "a", "api_key": "sk-live-123"}')
+    page.click("input[name=_save]")
+    page.wait_for_selector(".errornote")
+    assert "invalid cron expression" in page.locator(".errorlist").first.inner_text()
+    assert not Schedule.objects.exists()
+    page.screenshot(path=str(SHOTS / "schedule-form-error.png"), full_page=True)
+
+    page.fill("#id_cron", "5 * * * *")
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    schedule = Schedule.objects.get(name="hourly-echo")
+    assert schedule.next_run_at is not None and schedule.kwargs["api_key"] == "sk-live-123"
+    row = page.locator("#result_list tbody tr").first
+    assert "tests.echo" in row.inner_text() and "5 * * * *" in row.inner_text()
+    page.screenshot(path=str(SHOTS / "schedule-list.png"), full_page=True)
+
+    page.click("#result_list a:text-is('hourly-echo')")
+    assert "sk-live-123" not in page.content()
+    page.click(".object-tools button:text-is('Pause')")
+    assert "paused: hourly-echo" in page.locator(".messagelist li").first.inner_text()
+    assert page.locator(".object-tools button:text-is('Resume')").count() == 1
+    assert "paused by operator" in page.locator(".fieldBox.field-paused_text").inner_text()
+
+    page.click(".object-tools button:text-is('Run now')")
+    link = page.locator(".messagelist li a").first
+    job = Job.objects.get(task="tests.echo")
+    assert link.inner_text() == f"job #{job.pk}"
+    page.screenshot(path=str(SHOTS / "schedule-page.png"), full_page=True)
+    link.click()
+    page.wait_for_selector(".dj-timeline")
+    assert page.url.endswith(f"/admin/django_jobs/job/{job.pk}/change/")
+    context.close()
+
+
+def test_without_the_pause_permission_there_is_no_pause_button(browser, live_server) -> None:
+    schedule = Schedule.objects.create(name="nightly", task="tests.echo", cron="0 3 * * *")
+    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
+    codenames = ["view_schedule", "run_schedule", "view_job"]
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server, "viewer")
+
+    page.goto(f"{live_server.url}/admin/django_jobs/schedule/")
+    actions = page.locator("select[name=action] option").all_inner_texts()
+    assert "Run selected schedules now" in actions
+    assert not [a for a in actions if "ause" in a or "esume" in a]
+    page.goto(f"{live_server.url}/admin/django_jobs/schedule/{schedule.pk}/change/")
+    assert page.locator(".object-tools button:text-is('Run now')").count() == 1
+    assert page.locator(".object-tools button:text-is('Pause')").count() == 0
+    page.screenshot(path=str(SHOTS / "schedule-page-no-pause.png"), full_page=True)
+
+    # Posting the button's URL anyway, with a valid CSRF token, is refused.
+    token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+    response = page.request.post(
+        f"{live_server.url}/admin/django_jobs/schedule/{schedule.pk}/pause/",
+        headers={"X-CSRFToken": token, "Referer": page.url},
+        max_redirects=0,
+    )
+    assert response.status == 403 and "CSRF" not in response.text()
+    schedule.refresh_from_db()
+    assert not schedule.paused
+    context.close()

@@ -59,6 +59,19 @@ EXPECTED_COLUMNS = {
         "queues",
         "started_at",
     ],
+    "Schedules": [
+        "name",
+        "task",
+        "expression",
+        "timezone",
+        "paused",
+        "removed_from_code",
+        "next_run_at",
+        "last_run_at",
+        "last_job_id",
+        "last_outcome",
+        "late_seconds",
+    ],
 }
 
 

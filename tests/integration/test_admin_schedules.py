@@ -1,0 +1,298 @@
+"""The admin of periodic jobs through Django's test client: the add/edit form's checks, the
+pause/resume/run-now permissions, and the list's columns (a pruned last job, a schedule removed
+from code, masked secrets)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobs.models import Job, Schedule
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:django_jobs_schedule_changelist")
+ADD = reverse("admin:django_jobs_schedule_add")
+
+
+def change_url(schedule: Schedule) -> str:
+    return reverse("admin:django_jobs_schedule_change", args=[schedule.pk])
+
+
+def button_url(schedule: Schedule, slug: str) -> str:
+    return reverse(f"admin:django_jobs_schedule_{slug}", args=[schedule.pk])
+
+
+def staff(*perms: str) -> Client:
+    user = User.objects.create_user(
+        f"staff-{'-'.join(perms) or 'none'}", password="x", is_staff=True
+    )
+    codenames = ["view_schedule", "change_schedule", "add_schedule", "view_job", *perms]
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def superuser() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    return client
+
+
+def make_schedule(**fields: Any) -> Schedule:
+    values: dict[str, Any] = {"name": "nightly", "task": "tests.echo", "cron": "0 3 * * *"}
+    values.update(fields)
+    schedule = Schedule.objects.create(**values)
+    schedule.recompute_next_run()
+    schedule.refresh_from_db()
+    return schedule
+
+
+def form_data(**fields: str) -> dict[str, str]:
+    data = {
+        "name": "hourly-echo",
+        "task": "tests.echo",
+        "cron": "5 * * * *",
+        "timezone": "Europe/Paris",
+        "args": '["hello"]',
+        "kwargs": '{"fmt": "csv"}',
+        "queue": "",
+        "priority": "",
+        "catch_up": "skip",
+        "overlap": "allow",
+    }
+    data.update(fields)
+    return data
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+# ------------------------------------------------------------------ the form
+
+
+def test_a_valid_schedule_is_saved_from_the_admin_with_its_next_run(superuser) -> None:
+    response = superuser.post(ADD, form_data(), follow=True)
+    assert response.status_code == 200, response.content
+    schedule = Schedule.objects.get(name="hourly-echo")
+    assert schedule.source == "admin"
+    assert (schedule.args, schedule.kwargs) == (["hello"], {"fmt": "csv"})
+    assert schedule.timezone == "Europe/Paris"
+    assert schedule.next_run_at is not None
+    assert schedule.next_run_at > timezone.now()
+    assert schedule.next_run_at.minute == 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("cron", "61 * * * *", "cron"),
+        ("cron", "every day", "cron"),
+        ("cron", "@sometimes", "shortcut"),
+        ("timezone", "Mars/Olympus", "timezone"),
+        ("task", "tests.nonexistent", "Select a valid choice"),
+        ("args", "[1, 2", "Enter a valid JSON"),
+        ("args", '{"a": 1}', "Enter a JSON list"),
+        ("kwargs", "[1]", "Enter a JSON dict"),
+        ("kwargs", "{'single': 'quotes'}", "Enter a valid JSON"),
+    ],
+)
+def test_an_invalid_field_is_an_error_on_that_field_and_saves_nothing(
+    superuser, field, value, error
+) -> None:
+    response = superuser.post(ADD, form_data(**{field: value}))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == [field], errors
+    assert error.lower() in " ".join(errors[field]).lower()
+    assert not Schedule.objects.exists()
+
+
+def test_the_add_form_offers_registered_tasks_and_empty_arguments(superuser) -> None:
+    form = superuser.get(ADD).context["adminform"].form
+    choices = dict(form.fields["task"].choices)
+    assert "tests.echo" in choices and "tests.fail" in choices
+    assert (form["args"].value(), form["kwargs"].value()) == ("[]", "{}")
+
+
+def test_editing_an_admin_schedule_recomputes_its_next_run(superuser) -> None:
+    schedule = make_schedule(source="admin")
+    data = form_data(name="nightly", cron="0 4 * * *", timezone="UTC")
+    response = superuser.post(change_url(schedule), data, follow=True)
+    assert response.status_code == 200
+    schedule.refresh_from_db()
+    assert schedule.cron == "0 4 * * *"
+    assert (schedule.next_run_at.hour, schedule.next_run_at.minute) == (4, 0)
+
+
+def test_masked_secrets_are_shown_masked_and_kept_when_saved_untouched(superuser) -> None:
+    schedule = make_schedule(
+        source="admin",
+        args=["postgres://app:hunter2@db/app"],
+        kwargs={"api_key": "sk-live-123", "feed": "a"},
+    )
+    page = superuser.get(change_url(schedule))
+    content = page.content.decode()
+    assert "sk-live-123" not in content and "hunter2" not in content
+    assert "********" in content
+    form = page.context["adminform"].form
+    data = form_data(
+        name="nightly",
+        args=form["args"].value(),
+        kwargs=form["kwargs"].value().replace('"a"', '"b"'),
+    )
+    superuser.post(change_url(schedule), data, follow=True)
+    schedule.refresh_from_db()
+    assert schedule.args == ["postgres://app:hunter2@db/app"]
+    assert schedule.kwargs == {"api_key": "sk-live-123", "feed": "b"}
+
+
+def test_a_code_schedule_is_read_only_and_says_why(superuser) -> None:
+    schedule = make_schedule(source="code", kwargs={"password": "swordfish"})
+    page = superuser.get(change_url(schedule))
+    content = page.content.decode()
+    assert "not edit it" in content
+    assert "swordfish" not in content and "********" in content
+    assert not page.context["adminform"].form.fields  # nothing editable
+    superuser.post(change_url(schedule), form_data(name="renamed", cron="* * * * *"))
+    schedule.refresh_from_db()
+    assert (schedule.name, schedule.cron) == ("nightly", "0 3 * * *")
+
+
+# ------------------------------------------------------------------ permissions and actions
+
+
+@pytest.mark.parametrize(
+    ("perms", "slug", "allowed"),
+    [
+        ((), "pause", False),
+        (("run_schedule",), "pause", False),
+        (("pause_schedule",), "pause", True),
+        ((), "run_now", False),
+        (("pause_schedule",), "run_now", False),
+        (("run_schedule",), "run_now", True),
+    ],
+)
+def test_each_button_needs_its_permission(perms, slug, allowed) -> None:
+    schedule = make_schedule()
+    client = staff(*perms)
+    response = client.post(button_url(schedule, slug))
+    assert response.status_code == (302 if allowed else 403)
+    schedule.refresh_from_db()
+    if slug == "pause":
+        assert schedule.paused is allowed
+    else:
+        assert Job.objects.filter(task="tests.echo").exists() is allowed
+
+
+@pytest.mark.parametrize(
+    ("perms", "action"),
+    [((), "pause_selected"), (("pause_schedule",), "run_selected_now"), ((), "resume_selected")],
+)
+def test_posting_an_action_without_its_permission_is_refused(perms, action) -> None:
+    schedule = make_schedule()
+    data = {"action": action, "_selected_action": [schedule.pk]}
+    assert staff(*perms).post(CHANGELIST, data).status_code == 403
+
+
+def test_the_buttons_are_post_only_and_shown_to_whom_may_use_them(superuser) -> None:
+    schedule = make_schedule()
+    assert superuser.get(button_url(schedule, "pause")).status_code == 405
+    page = superuser.get(change_url(schedule)).content.decode()
+    assert button_url(schedule, "pause") in page and button_url(schedule, "run_now") in page
+    assert button_url(schedule, "resume") not in page
+    client = staff()
+    page = client.get(change_url(schedule)).content.decode()
+    assert button_url(schedule, "pause") not in page and button_url(schedule, "run_now") not in page
+    assert client.get(CHANGELIST).context["action_form"] is None  # no action it may run
+
+
+def test_a_superuser_pauses_resumes_and_runs_schedules(superuser) -> None:
+    first, second = make_schedule(), make_schedule(name="second")
+    data = {"action": "pause_selected", "_selected_action": [first.pk, second.pk]}
+    response = superuser.post(CHANGELIST, data, follow=True)
+    assert messages_of(response) == ["Schedules paused: nightly, second"]
+    first.refresh_from_db()
+    assert first.paused and first.paused_by == "root" and first.paused_at is not None
+    assert "paused by root" in superuser.get(CHANGELIST).content.decode()
+
+    response = superuser.post(button_url(first, "resume"), follow=True)
+    first.refresh_from_db()
+    assert not first.paused and messages_of(response) == ["Schedule resumed: nightly"]
+
+    response = superuser.post(button_url(first, "run_now"), follow=True)
+    job = Job.objects.get(task="tests.echo")
+    link = reverse("admin:django_jobs_job_change", args=[job.pk])
+    assert f'<a href="{link}">job #{job.pk}</a>' in response.content.decode()
+    first.refresh_from_db()
+    assert first.last_job_id == job.pk
+
+
+# ------------------------------------------------------------------ the list
+
+
+def test_the_list_links_the_last_job_or_says_it_was_pruned(superuser) -> None:
+    job = JobFactory(task="tests.echo")
+    ran = timezone.now() - timedelta(hours=1)
+    kept = make_schedule(name="kept", last_run_at=ran, last_job_id=job.pk, last_outcome="done")
+    pruned = make_schedule(name="pruned", last_run_at=ran, last_job_id=job.pk + 1000)
+    content = superuser.get(CHANGELIST).content.decode()
+    link = reverse("admin:django_jobs_job_change", args=[job.pk])
+    assert f'<a href="{link}">#{job.pk}</a>' in content
+    assert f"#{pruned.last_job_id} (pruned)" in content
+    assert reverse("admin:django_jobs_job_change", args=[pruned.last_job_id]) not in content
+    assert kept.name in content
+
+
+def test_a_schedule_removed_from_code_is_flagged_and_filtered(superuser) -> None:
+    make_schedule(name="declared", source="code")
+    make_schedule(name="gone", source="code", missing_from_code_since=timezone.now())
+    make_schedule(name="typed-in", source="admin")
+    response = superuser.get(CHANGELIST)
+    assert response.content.decode().count("removed from code since") == 1
+
+    def listed(query: str) -> list[str]:
+        return [s.name for s in superuser.get(CHANGELIST + query).context["cl"].result_list]
+
+    assert listed("?removed=yes") == ["gone"]
+    assert listed("?removed=no") == ["declared", "typed-in"]
+    assert listed("?source__exact=admin") == ["typed-in"]
+    assert listed("?paused__exact=1") == []
+
+
+def test_only_schedules_no_longer_in_code_or_added_here_can_be_deleted(superuser) -> None:
+    declared = make_schedule(name="declared", source="code")
+    gone = make_schedule(name="gone", source="code", missing_from_code_since=timezone.now())
+    delete = "admin:django_jobs_schedule_delete"
+    assert superuser.get(reverse(delete, args=[declared.pk])).status_code == 403
+    assert superuser.get(reverse(delete, args=[gone.pk])).status_code == 200
+
+
+def test_the_list_masks_secrets_in_the_last_outcome(superuser) -> None:
+    make_schedule(last_outcome="error: connect to postgres://app:hunter2@db/app failed")
+    content = superuser.get(CHANGELIST).content.decode()
+    assert "hunter2" not in content and "********" in content
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "kwargs__api_key__startswith=sk",
+        "args__0__contains=hunter",
+        "last_outcome__contains=hunter2",
+        "name=a%00b",
+    ],
+)
+def test_the_list_cannot_be_filtered_on_masked_values(superuser, query) -> None:
+    make_schedule(kwargs={"api_key": "sk-live-123"}, last_outcome="password=hunter2")
+    assert superuser.get(f"{CHANGELIST}?{query}").status_code == 400
