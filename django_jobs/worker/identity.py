@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 
 from django_jobs import conf
+from django_jobs.registry import registry
+from django_jobs.transitions import WorkerInfo
 
 MAX_ID_LENGTH = 63  # PostgreSQL's application_name limit, so the id shows in pg_stat_activity
 
@@ -28,3 +31,18 @@ def new_worker_id(name: str) -> str:
 def name_of(worker_id: str) -> str:
     """The base name of a worker id made by :func:`new_worker_id`."""
     return worker_id.rsplit(":", 2)[0]
+
+
+def this_worker(worker_id: str, name: str, queues: Sequence[str], concurrency: int) -> WorkerInfo:
+    """What a worker's heartbeat registers of this process: where it runs, what it serves, and
+    the tasks it has."""
+    return WorkerInfo(
+        id=worker_id,
+        name=name,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        queues=list(queues),
+        concurrency=concurrency,
+        pod=os.environ.get("POD_NAME", ""),
+        tasks=registry.names(),
+    )

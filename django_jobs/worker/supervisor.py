@@ -14,23 +14,17 @@ What a server crash or a lost reply can still leave behind, the heartbeat finds 
 without counting the attempt, and a finish that the database lost again is written again from
 memory.
 
-This module is the loop; each of its parts has a module of its own: the queue's statements
-behind a protocol, and the one place their errors are met (``queue.py``); the executor
-processes (``pool.py``); what the worker writes for each job (``writes.py``), kept in the outbox
-until it has committed (``outbox.py``); what it logs of each job (``outcomes.py``); the jobs of
-tasks it has not registered (``deploys.py``); the retry policy they share (``backoff.py``); the
-signals that stop it (``signals.py``); hooks to measure it by (``observer.py``); the periodic
-jobs it fires between claims (``scheduler.py``).
+This module is the loop; each of its parts has a module of its own in this package (the queue,
+the executor pool, the writes and their outbox, outcomes, deploys, backoff, signals, the
+observer, the scheduler): see docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,10 +32,10 @@ from typing import Any
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
 from django_jobs.registry import registry
-from django_jobs.transitions import ClaimedJob, WorkerInfo
+from django_jobs.transitions import ClaimedJob
 from django_jobs.worker.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
-from django_jobs.worker.identity import base_name, new_worker_id
+from django_jobs.worker.identity import base_name, new_worker_id, this_worker
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
@@ -111,16 +105,7 @@ class Supervisor:
             if (conf.listen() if listen is None else listen)
             else None
         )
-        self.info = WorkerInfo(
-            id=self.worker_id,
-            name=self.name,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.queues,
-            concurrency=concurrency,
-            pod=os.environ.get("POD_NAME", ""),
-            tasks=registry.names(),
-        )
+        self.info = this_worker(self.worker_id, self.name, self.queues, concurrency)
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
         self.gate = QueueGate(self.db)
