@@ -86,13 +86,14 @@ def test_sync_adds_changes_and_marks_removed_code_schedules(scheduler) -> None:
 
     row.pause("ops")  # operators pause code schedules too
     first_next = row.next_run_at
-    with override_settings(JOBS_SCHEDULES={"report": {**REPORT, "cron": "@hourly", "args": [2]}}):
+    # Minute 7 of each hour: never a fire time of the old */5, whatever the clock says now.
+    with override_settings(JOBS_SCHEDULES={"report": {**REPORT, "cron": "7 * * * *", "args": [2]}}):
         report = schedules.sync(scheduler)
         assert (report.added, report.changed, report.removed) == ([], ["report"], [])
         assert schedules.sync(scheduler).in_sync  # a second sync finds nothing to do
     row.refresh_from_db()
-    assert (row.cron, row.args, row.paused, row.paused_by) == ("@hourly", [2], True, "ops")
-    assert row.next_run_at != first_next and row.next_run_at.minute == 0
+    assert (row.cron, row.args, row.paused, row.paused_by) == ("7 * * * *", [2], True, "ops")
+    assert row.next_run_at != first_next and row.next_run_at.minute == 7
 
     with override_settings(JOBS_SCHEDULES={}):
         report = schedules.sync(scheduler)
