@@ -6,6 +6,7 @@ and nowhere else. Values are read on each call, so ``override_settings`` works i
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -299,3 +300,35 @@ def scheduler_interval() -> float:
     """``JOBS_SCHEDULER_INTERVAL``: the longest a scheduler sleeps between looks at the
     schedules table, so that an edit in the admin takes effect within it. Default 30."""
     return float(_get("JOBS_SCHEDULER_INTERVAL", 30.0))
+
+
+def read_database_alias() -> str:
+    """``JOBS_READ_DATABASE``: the database alias of the read-only queries of the admin's
+    dashboard, ``jobstats`` and the readers of :mod:`django_jobs.stats` (a streaming replica,
+    say). The job list, the actions and every write stay on ``JOBS_DATABASE``. Default: the
+    alias of ``JOBS_DATABASE``."""
+    return str(_get("JOBS_READ_DATABASE", None) or database_alias())
+
+
+def progress_interval() -> float:
+    """``JOBS_PROGRESS_INTERVAL``: the fewest seconds between two writes of a running job's
+    progress and live log (the last value is always written when the attempt ends). Default 2."""
+    return float(_get("JOBS_PROGRESS_INTERVAL", 2.0))
+
+
+def capture_log_level() -> int:
+    """``JOBS_CAPTURE_LOG_LEVEL``: the lowest level of the log records a job's attempt keeps (a
+    level name or number). Default ``"INFO"``."""
+    value = _get("JOBS_CAPTURE_LOG_LEVEL", "INFO")
+    if isinstance(value, int):
+        return value
+    level = logging.getLevelName(str(value).upper())
+    if not isinstance(level, int):
+        raise ImproperlyConfigured(f"JOBS_CAPTURE_LOG_LEVEL: {value!r} is not a logging level")
+    return level
+
+
+def attempt_log_bytes() -> int:
+    """``JOBS_ATTEMPT_LOG_BYTES``: how much of what an attempt printed and logged is kept: its
+    last bytes, with a marker where the rest was cut. 0 captures nothing. Default 64 KiB."""
+    return max(0, int(_get("JOBS_ATTEMPT_LOG_BYTES", 64 * 1024)))

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections, transaction
 
 from django_jobs import conf, db
 from django_jobs.exceptions import SpawnRefused
+from django_jobs.progress import BadProgress, Progress, checked
+
+#: The job's own logger (its records are captured with the job's log, see worker/capture.py).
+logger = logging.getLogger("django_jobs.job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +27,27 @@ class JobContext:
     worker_id: str
     #: The token of the claim this run belongs to (see transitions.Lease).
     lease: str | None = None
+    #: Where :meth:`progress` sends a report: the executor's pipe to its supervisor.
+    report_progress: Callable[[Progress], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Report how far this run has come: ``done`` of ``total`` (``None``: unknown), with a
+        short ``message``. Cheap enough to call per item: the worker writes it at most once per
+        ``JOBS_PROGRESS_INTERVAL``, and the last value when the attempt ends.
+
+        It never raises: a ``done`` below 0 counts as 0, past ``total`` as ``total``; a message
+        is cut at 500 characters; a ``done`` or ``total`` that is not a finite number changes
+        nothing, and a warning says so in the job's log."""
+        try:
+            value = checked(self.job_id, done, total, message)
+        except BadProgress as exc:
+            logger.warning("job %d: %s; the report was ignored", self.job_id, exc)
+            return
+        if self.report_progress is not None:
+            with contextlib.suppress(OSError):  # the supervisor is gone; the job goes on
+                self.report_progress(value)
 
     @property
     def is_last_attempt(self) -> bool:

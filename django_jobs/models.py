@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from django_jobs.progress import Shown
 from django_jobs.states import ACTIVE_STATES, FAILED_OUTCOMES, TERMINAL_STATES, Outcome, State
 
 
@@ -75,6 +76,15 @@ class Job(models.Model):
         help_text="When a worker first handed the job back because it has not registered the "
         "task (a rolling deploy, say). JOBS_UNKNOWN_TASK_TIMEOUT counts from here.",
     )
+
+    # The progress a run reports (context.progress): written by its worker at most once per
+    # JOBS_PROGRESS_INTERVAL, in place (no index covers these columns, so the update is HOT).
+    # It belongs to the attempt numbered progress_attempt: a retry starts again from nothing.
+    progress_done = models.FloatField(null=True, blank=True, editable=False)
+    progress_total = models.FloatField(null=True, blank=True, editable=False)
+    progress_message = models.TextField(db_default="", blank=True, editable=False)
+    progress_updated_at = models.DateTimeField(null=True, blank=True, editable=False)
+    progress_attempt = models.IntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "django_jobs_job"
@@ -240,6 +250,19 @@ class Job(models.Model):
         return done
 
     @property
+    def progress(self) -> Shown | None:
+        """The progress its current attempt reported, if it reported any."""
+        if self.progress_done is None or self.progress_attempt != self.attempt:
+            return None
+        return Shown(
+            self.progress_done,
+            self.progress_total,
+            self.progress_message,
+            self.progress_updated_at,
+            self.started_at,
+        )
+
+    @property
     def dependencies(self) -> models.QuerySet[Job]:
         """The jobs this job waits for."""
         return Job.objects.filter(dependent_links__job=self).order_by("id")
@@ -274,6 +297,9 @@ class Attempt(models.Model):
     error = models.TextField(db_default="", blank=True)
     traceback = models.TextField(db_default="", blank=True)
     lease = models.UUIDField(null=True, blank=True, editable=False, help_text="The claim's token.")
+    #: What the run printed and logged (its last JOBS_ATTEMPT_LOG_BYTES, secrets masked): kept
+    #: up to date while it runs, at most once per JOBS_PROGRESS_INTERVAL, and when it ends.
+    log = models.TextField(db_default="", blank=True, editable=False)
 
     class Meta:
         db_table = "django_jobs_attempt"

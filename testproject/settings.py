@@ -106,6 +106,9 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_SCHEDULES", json.loads),
     ("JOBS_SCHEDULE_GRACE", float),
     ("JOBS_SCHEDULER_INTERVAL", float),
+    ("JOBS_PROGRESS_INTERVAL", float),
+    ("JOBS_ATTEMPT_LOG_BYTES", int),
+    ("JOBS_CAPTURE_LOG_LEVEL", str),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

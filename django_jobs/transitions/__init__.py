@@ -16,6 +16,7 @@ django_jobs/sql/ (claim.sql, ending.sql, workers.sql, control.sql, functions.sql
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
 - ``ending``: finish, reap, release and hand back, the ends of a claim;
 - ``workers``: heartbeats, the reaper's view of running jobs, forgetting a worker;
+- ``live``: a running attempt's progress and captured log;
 - ``control``: operators' actions over batches of ids (cancel, retry, run now).
 """
 
@@ -53,6 +54,7 @@ from django_jobs.transitions.ending import (
     reap,
     release,
 )
+from django_jobs.transitions.live import Recorded, record_live
 from django_jobs.transitions.workers import (
     Beat,
     LeaseStatus,
@@ -79,6 +81,7 @@ __all__ = [
     "HandBack",
     "Lease",
     "LeaseStatus",
+    "Recorded",
     "RunningJob",
     "WorkerInfo",
     "attempt_outcome",
@@ -92,6 +95,7 @@ __all__ = [
     "hand_back",
     "heartbeat",
     "reap",
+    "record_live",
     "release",
     "retry",
     "retry_many",

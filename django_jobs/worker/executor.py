@@ -1,9 +1,10 @@
 """Executor processes: each runs one job function at a time, and nothing else.
 
 An executor never touches the queue tables. It receives a job over a pipe from the supervisor,
-runs it with no transaction open, and sends back what happened. A job's own ORM queries use the
-executor's own Django connections. Because a job runs in its own process, the supervisor can stop
-it for real (timeout, cancellation) and survives it crashing.
+runs it with no transaction open, and sends back what happened: on the same pipe, the progress
+the job reports as it goes, and on a second one, what it prints and logs (worker/capture.py). A
+job's own ORM queries use the executor's own Django connections. Because a job runs in its own
+process, the supervisor can stop it for real (timeout, cancellation) and survives it crashing.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import json
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from django_jobs.exceptions import Fail, Retry, UnknownTask
+from django_jobs.worker.capture import Sink, captured
 
 if TYPE_CHECKING:
+    from django_jobs.progress import Progress
     from django_jobs.registry import Task
 
 
@@ -51,19 +56,41 @@ class Report:
     retry_after: float | None = None
 
 
-def run_assignment(assignment: Assignment) -> Report:
+class Pipe:
+    """The executor's end of its pipe to the supervisor, shared by the job's threads (progress)
+    and the executor's loop (reports)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self.lock:
+            self.conn.send(message)
+
+
+def run_assignment(
+    assignment: Assignment,
+    report_progress: Callable[[Progress], None] | None = None,
+    output: Sink | None = None,
+) -> Report:
     """Run one job function and describe the result, in text PostgreSQL can store (see
     storable.py: a NUL or invalid Unicode in an error message must not make the outcome
-    impossible to record). Never raises."""
+    impossible to record). Never raises. The job's progress goes to ``report_progress``, and
+    a copy of what it prints and logs to ``output``."""
+    from django_jobs import conf
     from django_jobs.storable import storable_text
 
-    report = _run(assignment)
+    with captured(output, conf.capture_log_level()):
+        report = _run(assignment, report_progress)
+        sys.stdout.flush()
+        sys.stderr.flush()
     return dataclasses.replace(
         report, error=storable_text(report.error), traceback=storable_text(report.traceback)
     )
 
 
-def _run(assignment: Assignment) -> Report:
+def _run(assignment: Assignment, report_progress: Callable[[Progress], None] | None) -> Report:
     from django.db import close_old_connections
 
     from django_jobs.context import JobContext
@@ -91,6 +118,7 @@ def _run(assignment: Assignment) -> Report:
         max_attempts=assignment.max_attempts,
         worker_id=assignment.worker_id,
         lease=assignment.lease,
+        report_progress=report_progress,
     )
     try:
         if task.runner is not None:
@@ -151,8 +179,12 @@ def _summary(exc: BaseException) -> str:
     return mask_text(f"{name}: {message}" if message else name)[:2000]
 
 
-def executor_main(conn: Connection, databases: dict[str, Any], settings_module: str) -> None:
-    """Entry point of an executor process (started with the ``spawn`` method)."""
+def executor_main(
+    conn: Connection, output: Connection, databases: dict[str, Any], settings_module: str
+) -> None:
+    """Entry point of an executor process (started with the ``spawn`` method): jobs come on
+    ``conn``, and their reports and progress go back on it; what they print and log goes to
+    ``output``, raw."""
     # Ctrl-C reaches the whole process group; only the supervisor decides what stops a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
@@ -163,6 +195,10 @@ def executor_main(conn: Connection, databases: dict[str, Any], settings_module: 
     import django
 
     django.setup()
+    from django_jobs import conf
+
+    pipe = Pipe(conn)
+    sink = Sink(output.fileno()) if conf.attempt_log_bytes() else None
     conn.send("ready")
     while True:
         try:
@@ -171,9 +207,9 @@ def executor_main(conn: Connection, databases: dict[str, Any], settings_module: 
             return
         if message is None:
             return
-        report = run_assignment(message)
+        report = run_assignment(message, pipe.send, sink)
         try:
-            conn.send(report)
+            pipe.send(report)
         except (BrokenPipeError, OSError):
             return
         sys.stdout.flush()

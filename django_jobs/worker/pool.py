@@ -1,6 +1,7 @@
 """The executor pool: long-lived executor processes, one job at a time each, over pipes.
 
-The pool spawns the executors, hands them jobs, stops them (a timeout, a cancellation, a lost
+The pool spawns the executors, hands them jobs, keeps what each running job reports and prints
+in its slot's :class:`~django_jobs.worker.live.Watch`, stops them (a timeout, a cancellation, a lost
 lease, the end of the shutdown grace period: SIGTERM, then SIGKILL after ``JOBS_KILL_GRACE``)
 and turns what they say and how they exit into events for the supervisor. It never talks to
 the queue: what a report or an exit means for the job is the supervisor's to write.
@@ -28,9 +29,11 @@ from typing import Any
 from django.conf import settings
 
 from django_jobs import conf
+from django_jobs.progress import Progress
 from django_jobs.states import Outcome
 from django_jobs.transitions import ClaimedJob, Lease
 from django_jobs.worker.executor import Assignment, Report, executor_main
+from django_jobs.worker.live import Tail, Watch
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outcomes import job_fields
 
@@ -42,6 +45,10 @@ STOP_CANCELLED = "cancelled"
 STOP_SHUTDOWN = "shutdown"
 STOP_LEASE_LOST = "lease_lost"
 
+#: Bytes of a job's output read at a time, and at most in one look (the rest waits for the next).
+OUTPUT_CHUNK = 64 * 1024
+OUTPUT_READ_LIMIT = 1024 * 1024
+
 
 @dataclasses.dataclass
 class Slot:
@@ -50,6 +57,8 @@ class Slot:
     index: int
     process: BaseProcess
     conn: Connection
+    # The read end of the executor's output pipe (None: its output is not captured).
+    output: Connection | None = None
     ready: bool = False
     job: ClaimedJob | None = None
     started: float = 0.0
@@ -59,6 +68,8 @@ class Slot:
     # A newer claim of the job that this slot's executor still runs under an older lease: it
     # starts here once that executor has exited, so that the job never runs twice at once.
     deferred: ClaimedJob | None = None
+    # What the running job has reported and printed so far.
+    watch: Watch | None = None
 
     @property
     def busy(self) -> bool:
@@ -80,6 +91,7 @@ class Reported:
     job: ClaimedJob
     report: Report
     elapsed: float
+    watch: Watch | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +103,8 @@ class Exited:
     reason: str | None  # why the pool stopped it, if it did: one of the STOP_* reasons
     code: int | None
     elapsed: float
+    #: What the job had reported and printed up to the end.
+    watch: Watch | None = None
 
     def report(self, job: ClaimedJob) -> Report:
         """The end of the attempt of ``job``, whose executor was stopped for a timeout or a
@@ -118,19 +132,33 @@ class Exited:
 Event = Reported | Exited
 
 
-def spawn_executor(index: int) -> tuple[BaseProcess, Connection]:
-    """Start executor process ``index``; return it and the supervisor's end of its pipe."""
+#: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
+#: end of its output pipe (``None``: not captured).
+Spawned = tuple[BaseProcess, Connection, Connection | None]
+
+
+def spawn_executor(index: int) -> Spawned:
+    """Start executor process ``index``, with its pipe and its output pipe."""
     context = multiprocessing.get_context("spawn")
     parent_conn, child_conn = context.Pipe(duplex=True)
+    output, child_output = context.Pipe(duplex=False)
     process = context.Process(
         target=executor_main,
-        args=(child_conn, _picklable_databases(), os.environ.get("DJANGO_SETTINGS_MODULE", "")),
+        args=(
+            child_conn,
+            child_output,
+            _picklable_databases(),
+            os.environ.get("DJANGO_SETTINGS_MODULE", ""),
+        ),
         name=f"django-jobs-executor-{index}",
         daemon=True,
     )
     process.start()
     child_conn.close()
-    return process, parent_conn
+    child_output.close()
+    # Read without blocking: a job's output is drained as far as it goes, then the loop goes on.
+    os.set_blocking(output.fileno(), False)
+    return process, parent_conn, output
 
 
 class ExecutorPool:
@@ -142,7 +170,7 @@ class ExecutorPool:
         *,
         kill_grace: float | None = None,
         observer: Observer | None = None,
-        spawn: Callable[[int], tuple[BaseProcess, Connection]] = spawn_executor,
+        spawn: Callable[[int], Spawned] = spawn_executor,
         wait: Callable[[list[Any], float], list[Any]] = wait_for_any,
     ) -> None:
         self.size = size
@@ -151,13 +179,14 @@ class ExecutorPool:
         self._spawn_process = spawn
         self._wait = wait
         self.slots: list[Slot] = []
+        self.log_bytes = conf.attempt_log_bytes()
 
     def start(self) -> None:
         self.slots = [self._spawn(i) for i in range(self.size)]
 
     def _spawn(self, index: int) -> Slot:
-        process, conn = self._spawn_process(index)
-        return Slot(index=index, process=process, conn=conn)
+        process, conn, output = self._spawn_process(index)
+        return Slot(index=index, process=process, conn=conn, output=output)
 
     # ------------------------------------------------------------------ the slots
 
@@ -176,6 +205,10 @@ class ExecutorPool:
         return [
             job.lease for slot in self.slots for job in (slot.job, slot.deferred) if job is not None
         ]
+
+    def watches(self) -> list[Watch]:
+        """What each running job has reported so far."""
+        return [slot.watch for slot in self.slots if slot.watch is not None]
 
     def running(self) -> list[Slot]:
         """The slots whose job runs, and is not being stopped."""
@@ -200,6 +233,7 @@ class ExecutorPool:
         slot.deadline = slot.started + job.timeout if job.timeout else None
         slot.stop_reason = None
         slot.kill_at = None
+        slot.watch = Watch(job.lease, Tail(self.log_bytes))
         # If the executor died between jobs, the send fails; its sentinel reports the crash.
         with contextlib.suppress(OSError):
             slot.conn.send(
@@ -236,11 +270,16 @@ class ExecutorPool:
         for slot in self.slots:
             waitables.append(slot.conn)
             waitables.append(slot.process.sentinel)
+            if slot.output is not None:
+                waitables.append(slot.output)
         return self._wait(waitables, timeout)
 
     def events(self, ready: Sequence[Any]) -> Iterator[Event]:
         """What the executors that ``ready`` (from :meth:`wait`) holds have said and done. Each
         event is handled before the next one is read."""
+        for slot in list(self.slots):
+            if slot.output is not None and slot.output in ready:
+                self._read_output(slot, OUTPUT_READ_LIMIT)
         for slot in list(self.slots):
             if slot.conn in ready:
                 reported = self._receive(slot)
@@ -250,7 +289,33 @@ class ExecutorPool:
             if slot.process.sentinel in ready and not slot.process.is_alive():
                 elapsed = time.monotonic() - slot.started
                 code = slot.process.exitcode
-                yield Exited(slot, slot.job, slot.stop_reason, code, elapsed)
+                watch = self._last_of(slot)
+                yield Exited(slot, slot.job, slot.stop_reason, code, elapsed, watch)
+
+    def _read_output(self, slot: Slot, limit: float) -> None:
+        """Read what the executor wrote to its output pipe, up to ``limit`` bytes, into the
+        running job's tail (outside a job, nothing is written there)."""
+        assert slot.output is not None
+        read = 0
+        while read < limit:
+            try:
+                data = os.read(slot.output.fileno(), OUTPUT_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if not data:
+                return  # the executor has exited; its sentinel says so
+            read += len(data)
+            if slot.watch is not None:
+                slot.watch.printed(data)
+
+    def _last_of(self, slot: Slot) -> Watch | None:
+        """The running job's watch, with everything its executor wrote before it ended."""
+        if slot.output is not None:
+            self._read_output(slot, float("inf"))
+        watch, slot.watch = slot.watch, None
+        return watch
 
     def _receive(self, slot: Slot) -> Reported | None:
         try:
@@ -261,6 +326,10 @@ class ExecutorPool:
             slot.ready = True
             self.observer.executor_ready(slot.pid)
             return None
+        if isinstance(message, Progress):
+            if slot.watch is not None and slot.job is not None and message.job_id == slot.job.id:
+                slot.watch.reported(message)
+            return None
         job = slot.job
         if job is None or not isinstance(message, Report) or message.job_id != job.id:
             logger.error("executor %d sent an unexpected message: %r", slot.index, message)
@@ -270,11 +339,13 @@ class ExecutorPool:
         elapsed = time.monotonic() - slot.started
         slot.job = None
         slot.deadline = None
-        return Reported(slot, job, message, elapsed)
+        return Reported(slot, job, message, elapsed, self._last_of(slot))
 
     def replace(self, slot: Slot) -> Slot:
         """A fresh executor in the place of ``slot``'s, which has exited."""
         slot.conn.close()
+        if slot.output is not None:
+            slot.output.close()
         replacement = self._spawn(slot.index)
         self.slots[self.slots.index(slot)] = replacement
         return replacement
@@ -282,6 +353,8 @@ class ExecutorPool:
     def retire(self, slot: Slot) -> None:
         """Forget ``slot``, whose executor has exited, for good (the worker is stopping)."""
         slot.conn.close()
+        if slot.output is not None:
+            slot.output.close()
         self.slots.remove(slot)
 
     def enforce_deadlines(self, grace_deadline: float | None) -> None:
@@ -326,6 +399,8 @@ class ExecutorPool:
                 slot.process.kill()
                 slot.process.join(1)
             slot.conn.close()
+            if slot.output is not None:
+                slot.output.close()
 
 
 def _picklable_databases() -> dict[str, Any]:

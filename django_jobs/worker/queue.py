@@ -1,9 +1,10 @@
 """The queue as a worker sees it: a few statements behind a small protocol.
 
 :class:`Queue` lists what a worker asks of its queue: claim, finish (alone or together with the
-next claim), heartbeat, release, hand back, and the rest. :class:`PostgresQueue` sends each as
-the statements of :mod:`django_jobs.transitions` over the worker's one connection; a fake in
-the unit tests keeps jobs in memory, and another transport (an HTTP API) can plug in here.
+next claim), heartbeat, release, hand back, a running job's progress and log, and the rest.
+:class:`PostgresQueue` sends each as the statements of :mod:`django_jobs.transitions` over the
+worker's one connection; a fake in the unit tests keeps jobs in memory, and another transport
+(an HTTP API) can plug in here.
 
 :class:`QueueGate` is the one place where the supervisor meets the queue's errors: a failed
 call is logged and backed off, never raised.
@@ -17,8 +18,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from django_jobs import db, schedules, ticks, transitions, workflows
+from django_jobs.progress import Progress
 from django_jobs.reaper import recover_earlier_boots
-from django_jobs.transitions import Beat, ClaimedJob, Ended, HandBack, Lease, WorkerInfo
+from django_jobs.transitions import (
+    Beat,
+    ClaimedJob,
+    Ended,
+    HandBack,
+    Lease,
+    Recorded,
+    WorkerInfo,
+)
 from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
 from django_jobs.worker.connection import QueueConnection, is_connection_fatal
 
@@ -53,6 +63,8 @@ class Queue(Protocol):
     ) -> tuple[Ended | None, ClaimedJob | None]: ...
 
     def attempt_outcome(self, lease: Lease) -> str | None: ...
+
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded: ...
 
     def release(self, lease: Lease, reason: str) -> bool: ...
 
@@ -120,6 +132,10 @@ class PostgresQueue:
     def attempt_outcome(self, lease: Lease) -> str | None:
         with self.connection.cursor() as cursor:
             return transitions.attempt_outcome(cursor, lease)
+
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+        with self.connection.cursor() as cursor:
+            return transitions.record_live(cursor, lease, progress, log)
 
     def release(self, lease: Lease, reason: str) -> bool:
         with self.connection.cursor() as cursor:

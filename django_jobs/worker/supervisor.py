@@ -36,6 +36,7 @@ from django_jobs.transitions import ClaimedJob
 from django_jobs.worker.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
 from django_jobs.worker.identity import base_name, new_worker_id, this_worker
+from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
@@ -111,6 +112,7 @@ class Supervisor:
         self.gate = QueueGate(self.db)
         self.scheduler = Scheduler(self.db, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
+        self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
         self.unknown_tasks = UnknownTasks(self.worker_id)
         self.writes = JobWrites(
             self.db,
@@ -206,6 +208,7 @@ class Supervisor:
         if self._finished():
             return  # e.g. --burst found nothing: exit now, not after one more poll interval
         self._wait(self._next_timeout())
+        self.live.step(self.pool.watches())
         self.pool.enforce_deadlines(self.grace_deadline)
 
     def _can_claim(self) -> bool:
@@ -297,7 +300,11 @@ class Supervisor:
             moments.append(max(self.gate.retry_at, write_due))
         elif now < self.gate.retry_at:
             moments.append(self.gate.retry_at)
-        for moment in (self.pool.next_deadline(), self.grace_deadline):
+        for moment in (
+            self.pool.next_deadline(),
+            self.grace_deadline,
+            self.live.due_at(self.pool.watches()),
+        ):
             if moment is not None:
                 moments.append(moment)
         return max(0.0, min(moments) - now)
@@ -316,12 +323,15 @@ class Supervisor:
                 # promotes): look again (with the finish, in the same round trip) rather than
                 # wait for a poll.
                 self.queue_may_have_work = True
+                self.live.last(event.watch)
                 self.writes.record(event.job, event.report, event.elapsed)
             else:
                 self._executor_exited(event)
 
     def _executor_exited(self, exited: Exited) -> None:
         job, slot, elapsed = exited.job, exited.slot, exited.elapsed
+        if job is not None and exited.reason != STOP_LEASE_LOST:
+            self.live.last(exited.watch)  # what it wrote up to its end, before that end
         if job is None:
             if exited.reason is None and not self.stopping:
                 logger.warning("executor %d exited (%s); replacing it", slot.index, exited.how())

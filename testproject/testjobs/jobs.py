@@ -220,3 +220,46 @@ if os.environ.get("TESTJOBS_NEW_RELEASE"):
 def nightly(*args: Any, **kwargs: Any) -> dict:
     """A periodic job declared in code (tests/integration/test_schedules.py)."""
     return {"args": list(args), "kwargs": kwargs}
+
+
+@job(name="tests.progress", takes_context=True, max_attempts=2, retry_backoff=(0.1, 0.1))
+def progress(
+    context: JobContext,
+    total: int,
+    per_second: float = 1000.0,
+    fail_first: bool = False,
+    message: str = "item",
+) -> int:
+    """Report progress ``total`` times, ``per_second`` times a second; with ``fail_first``, the
+    first attempt fails halfway (so the retry starts over)."""
+    for done in range(1, total + 1):
+        context.progress(done, total, f"{message} {done}")
+        if fail_first and context.attempt == 1 and done == total // 2:
+            raise RuntimeError("failed halfway")
+        time.sleep(1 / per_second)
+    return total
+
+
+@job(name="tests.chatty", max_attempts=1, timeout=30)
+def chatty(lines: int = 3, then: str = "return", line_bytes: int = 0, pause: float = 0) -> str:
+    """Print ``lines`` lines (padded to ``line_bytes``), log one record at each level, then
+    ``return``, ``raise``, ``crash`` (os._exit) or ``hang`` (for a timeout)."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("testproject.chatty")
+    for i in range(lines):
+        print(f"line {i}".ljust(line_bytes, "."))
+    logger.debug("a debug record")
+    logger.info("an info record with password=hunter2")
+    logger.warning("a warning record")
+    print("to stderr: token=abc123", file=sys.stderr)
+    time.sleep(pause)
+    if then == "raise":
+        raise ValueError("chatty failed")
+    if then == "crash":
+        sys.stdout.flush()
+        os._exit(7)
+    if then == "hang":
+        time.sleep(3600)
+    return "said it all"

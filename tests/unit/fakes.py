@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from django_jobs import workflows
+from django_jobs.progress import Progress
 from django_jobs.schedules import SyncReport
 from django_jobs.ticks import FirePass
 from django_jobs.transitions import (
@@ -28,6 +29,7 @@ from django_jobs.transitions import (
     HandBack,
     Lease,
     LeaseStatus,
+    Recorded,
     WorkerInfo,
 )
 from django_jobs.worker.executor import Assignment, Report
@@ -102,6 +104,8 @@ class FakeQueue:
         self.expired_tasks: set[str] = set()
         self.run_elsewhere = False
         self.schedules: list[FakeSchedule] = []
+        # What record_live wrote: (job id, progress, log).
+        self.live: list[tuple[int, Progress | None, str | None]] = []
 
     def add(self, task: str, count: int = 1, **fields: Any) -> list[FakeJob]:
         added = []
@@ -201,6 +205,11 @@ class FakeQueue:
         self._call("attempt_outcome", lease.job_id)
         return self.outcomes.get(str(lease.token))
 
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+        self._call("record_live", lease.job_id)
+        self.live.append((lease.job_id, progress, log))
+        return Recorded(progress is not None, log is not None)
+
     def release(self, lease: Lease, reason: str) -> bool:
         self._call("release", lease.job_id)
         job = self._holds(lease)
@@ -290,7 +299,7 @@ class FakeQueue:
 
 #: What a fake executor does with a job: report at once (a Report), never report (None), or
 #: die with an exit code (an int).
-Behaviour = Callable[[Assignment], Report | int | None]
+Behaviour = Callable[[Assignment], Report | list[Any] | int | None]
 
 
 def succeed(assignment: Assignment) -> Report:
@@ -345,6 +354,8 @@ class FakeConn:
         result = self.behaviour(message)
         if isinstance(result, int):
             self.process.exit(result)
+        elif isinstance(result, list):  # messages before the report: progress, say
+            self.inbox.extend(result)
         elif result is not None:
             self.inbox.append(result)
 
@@ -367,10 +378,10 @@ class FakeExecutors:
         self.spawned: list[FakeConn] = []
         self.pids = itertools.count(10_000)
 
-    def spawn(self, index: int) -> tuple[Any, Any]:
+    def spawn(self, index: int) -> tuple[Any, Any, None]:
         conn = FakeConn(FakeProcess(next(self.pids)), self.behaviour)
         self.spawned.append(conn)
-        return conn.process, conn
+        return conn.process, conn, None
 
     def wait(self, waitables: list[Any], timeout: float) -> list[Any]:
         ready = [

@@ -17,7 +17,18 @@ PACKAGE = ROOT / "django_jobs"
 #: Lowest first. A module may import modules of its own layer and of those below.
 LAYERS: list[set[str]] = [
     # states, settings and errors
-    {"states", "conf", "exceptions", "storable", "sanitize", "compat", "logs", "cursor", "cron"},
+    {
+        "states",
+        "conf",
+        "exceptions",
+        "storable",
+        "sanitize",
+        "compat",
+        "logs",
+        "cursor",
+        "cron",
+        "progress",
+    },
     # models, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)
     {"models", "schedule_models", "db", "sql", "registry"},
@@ -170,7 +181,11 @@ def test_the_imports_that_point_up_are_made_late_and_are_the_known_ones() -> Non
 
 def test_the_finder_reads_each_form_of_import() -> None:
     early = imports(early=True)
-    assert early["django_jobs.models"] == {"django_jobs.states", "django_jobs.schedule_models"}
+    assert early["django_jobs.models"] == {
+        "django_jobs.progress",
+        "django_jobs.states",
+        "django_jobs.schedule_models",
+    }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",
         "django_jobs.db",

@@ -1,0 +1,175 @@
+"""Inside an executor: a job's printed and logged output, copied to the supervisor as it is
+written.
+
+During an attempt, ``sys.stdout`` and ``sys.stderr`` are tees: what the job prints still goes
+where it went before (the worker's log), and a copy goes down the executor's output pipe. So
+do the job's log records at ``JOBS_CAPTURE_LOG_LEVEL`` and above, formatted one per line, from
+every logger but the worker's own. Each write reaches the pipe before the call returns, so what
+a job wrote before it crashed or was killed is already with the supervisor, which keeps the
+attempt's tail (worker/live.py).
+
+Capture changes nothing the job would otherwise see or print. To capture records below the
+level the job's loggers let through (Django leaves the root logger at WARNING), the root logger
+is lowered for the attempt, and every handler that was there before gets a filter that keeps
+its old threshold; a record that no handler would have taken still goes to Python's last-resort
+handler, as it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+#: The worker's own log records are the worker's, not the job's; this one is the job's (bad
+#: progress reports, see context.py).
+JOB_LOGGER = "django_jobs.job"
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class Sink:
+    """The executor's end of its output pipe: raw bytes, written before ``write`` returns."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.broken = False
+
+    def write(self, text: str) -> None:
+        if self.broken or not text:
+            return
+        view = memoryview(text.encode("utf-8", "backslashreplace"))
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                self.broken = True  # the supervisor is gone: the job goes on regardless
+                return
+            view = view[written:]
+
+
+class Tee:
+    """A text stream that also copies what is written to a :class:`Sink`."""
+
+    def __init__(self, stream: TextIO, sink: Sink) -> None:
+        self._stream = stream
+        self._sink = sink
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        self._sink.write(text)
+        return written
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)  # flush, fileno, encoding, isatty, ...
+
+
+def _is_workers(record: logging.LogRecord) -> bool:
+    name = record.name
+    return (name == "django_jobs" or name.startswith("django_jobs.")) and name != JOB_LOGGER
+
+
+def _old_threshold(name: str, root_level: int) -> int:
+    """The effective level the logger ``name`` had before the root logger was lowered."""
+    logger: Any = logging.getLogger(name)
+    while logger is not None and logger is not logging.root:
+        if logger.level:
+            return int(logger.level)
+        logger = logger.parent
+    return root_level
+
+
+def _handled_elsewhere(record: logging.LogRecord, mine: logging.Handler) -> bool:
+    """Whether a handler other than ``mine`` is on the way of ``record`` up the loggers."""
+    logger: Any = logging.getLogger(record.name)
+    while logger is not None:
+        if any(handler is not mine for handler in logger.handlers):
+            return True
+        logger = logger.parent if logger.propagate else None
+    return False
+
+
+class _OldThreshold(logging.Filter):
+    """On the handlers that were there before: pass only what they would have received."""
+
+    def __init__(self, root_level: int) -> None:
+        super().__init__()
+        self.root_level = root_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= _old_threshold(record.name, self.root_level)
+
+
+class CaptureHandler(logging.Handler):
+    """Writes the job's log records to the sink, one line each."""
+
+    def __init__(self, sink: Sink, level: int, stderr: TextIO, root_level: int) -> None:
+        super().__init__(level)
+        self.sink = sink
+        self.setFormatter(logging.Formatter(FORMAT))
+        # Python's last resort, for a record no other handler takes (it would have printed it).
+        self.last_resort = logging.StreamHandler(stderr)
+        self.last_resort.setLevel(logging.lastResort.level if logging.lastResort else 100)
+        self.root_level = root_level
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if (
+            record.levelno >= _old_threshold(record.name, self.root_level)
+            and not _handled_elsewhere(record, self)
+            and logging.lastResort is not None
+        ):
+            self.last_resort.handle(record)
+        if _is_workers(record):
+            return False
+        return bool(super().handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def _handlers() -> set[logging.Handler]:
+    found = set(logging.root.handlers)
+    for logger in list(logging.root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            found.update(logger.handlers)
+    return found
+
+
+@contextlib.contextmanager
+def captured(sink: Sink | None, level: int) -> Iterator[None]:
+    """Copy what the job prints and logs to ``sink`` while the block runs (``None``: don't)."""
+    if sink is None:
+        yield
+        return
+    root = logging.root
+    root_level = root.level
+    stdout, stderr = sys.stdout, sys.stderr
+    handler = CaptureHandler(sink, level, stderr, root_level)
+    floor = _OldThreshold(root_level)
+    lowered = _handlers() if level < root_level else set()
+    for other in lowered:
+        other.addFilter(floor)
+    if lowered or level < root_level:
+        root.setLevel(level)
+    root.addHandler(handler)
+    sys.stdout, sys.stderr = Tee(stdout, sink), Tee(stderr, sink)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+        root.removeHandler(handler)
+        root.setLevel(root_level)
+        for other in lowered:
+            other.removeFilter(floor)

@@ -1,0 +1,143 @@
+"""What the supervisor knows of each running attempt before it ends, and writes while it runs:
+the last progress its job reported, and the tail of what it printed and logged.
+
+An executor sends progress over its pipe, and its output down a second pipe as it is written
+(worker/capture.py); the pool keeps both in the slot's :class:`Watch`. :class:`LiveWrites`
+turns a watch into ``record_live`` writes (transitions/live.py), queued in the outbox on the
+worker's one connection: at most one per ``JOBS_PROGRESS_INTERVAL`` per job while it runs, each
+with the latest values, and always one more when the attempt ends, queued before its finish.
+Since the tail is kept here, a job whose process crashed or was killed for a timeout keeps
+what it had written up to then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+
+from django_jobs.progress import Progress
+from django_jobs.sanitize import mask_text
+from django_jobs.storable import storable_text
+from django_jobs.transitions import Lease, Recorded
+from django_jobs.worker.outbox import Outbox, Write
+from django_jobs.worker.queue import Queue
+
+#: Where the kept tail starts, a cut is moved to the next line if there is one this close.
+LINE_SEARCH = 1024
+
+
+class Tail:
+    """The last ``limit`` bytes of an attempt's output, and how many came before them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.cut = 0
+
+    def add(self, data: bytes) -> None:
+        self.buffer += data
+        excess = len(self.buffer) - self.limit
+        if excess > 0:
+            del self.buffer[:excess]
+            self.cut += excess
+
+    def text(self) -> str:
+        """The tail as text, secrets masked, after a marker if the start was cut."""
+        data, cut = bytes(self.buffer), self.cut
+        if cut:
+            newline = data.find(b"\n", 0, LINE_SEARCH)
+            if newline >= 0:
+                data, cut = data[newline + 1 :], cut + newline + 1
+        text = data.decode("utf-8", "replace")
+        if cut:
+            text = f"[… {cut:,} earlier bytes cut: the last {self.limit:,} are kept …]\n" + text
+        return storable_text(mask_text(text))
+
+
+@dataclasses.dataclass(eq=False)
+class Watch:
+    """One running attempt, as its executor reports it."""
+
+    lease: Lease
+    tail: Tail
+    progress: Progress | None = None
+    # Each report bumps a version; a write records the versions it wrote.
+    progress_version: int = 0
+    log_version: int = 0
+    written: tuple[int, int] = (0, 0)
+    # When the last live write of this attempt was queued, and that write.
+    queued_at: float = float("-inf")
+    pending: Write | None = None
+
+    def reported(self, progress: Progress) -> None:
+        self.progress = progress
+        self.progress_version += 1
+
+    def printed(self, data: bytes) -> None:
+        if data and self.tail.limit:
+            self.tail.add(data)
+            self.log_version += 1
+
+    @property
+    def changed(self) -> bool:
+        return (self.progress_version, self.log_version) != self.written
+
+
+class LiveWrites:
+    """Writes of running attempts' progress and logs, one per job per ``interval`` at most."""
+
+    def __init__(
+        self,
+        db: Queue,
+        outbox: Outbox,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.db = db
+        self.outbox = outbox
+        self.interval = interval
+        self.clock = clock
+
+    def due_at(self, watches: Iterable[Watch]) -> float | None:
+        """When (monotonic) the next live write is due, if one is."""
+        return min(
+            (w.queued_at + self.interval for w in watches if w.changed and not self._queued(w)),
+            default=None,
+        )
+
+    def step(self, watches: Iterable[Watch]) -> None:
+        """Queue a write for each attempt that reported something, unless it had one within
+        the interval or has one queued still."""
+        now = self.clock()
+        for watch in watches:
+            if watch.changed and not self._queued(watch) and now >= watch.queued_at + self.interval:
+                self._queue(watch, now)
+
+    def last(self, watch: Watch | None) -> None:
+        """Queue the attempt's last values, whatever the interval: its attempt is ending (call
+        it before its finish is queued)."""
+        if watch is not None and watch.changed:
+            self._queue(watch, self.clock())
+
+    def _queued(self, watch: Watch) -> bool:
+        # A write the outbox gave up on is no longer queued.
+        return watch.pending is not None and watch.pending in self.outbox.writes
+
+    def _queue(self, watch: Watch, now: float) -> None:
+        versions = watch.written
+
+        def run() -> Recorded:
+            # The latest values when the write is made, not when it was queued.
+            nonlocal versions
+            versions = (watch.progress_version, watch.log_version)
+            progress = watch.progress if versions[0] != watch.written[0] else None
+            log = watch.tail.text() if versions[1] != watch.written[1] else None
+            return self.db.record_live(watch.lease, progress, log)
+
+        def then(_: Recorded) -> None:
+            watch.written = versions
+
+        watch.queued_at = now
+        watch.pending = Write(f"record progress of job {watch.lease.job_id}", run, then)
+        self.outbox.add(watch.pending)
