@@ -12,8 +12,9 @@ from django.db.models.functions import Now
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_jobs import stats
+from django_jobs import conf, stats
 from django_jobs.models import Job
+from django_jobs.progress import Shown, count
 from django_jobs.sanitize import mask_text
 
 WINDOW_MINUTES = 60
@@ -54,7 +55,8 @@ def context() -> dict[str, Any]:
         {**w, "seen_ago": stats.format_age(w["seen_seconds_ago"]) or "0s"} for w in stats.workers()
     ]
     running_jobs = (
-        Job.objects.filter(state=Job.State.RUNNING)
+        Job.objects.using(conf.read_database_alias())
+        .filter(state=Job.State.RUNNING)
         .annotate(running_for=Now() - F("started_at"))
         .only(
             "id",
@@ -66,10 +68,20 @@ def context() -> dict[str, Any]:
             "timeout",
             "cancel_requested",
             "started_at",
+            "progress_done",
+            "progress_total",
+            "progress_attempt",
         )
         .order_by("started_at")[:50]
     )
-    running = [(job, stats.format_age(job.running_for.total_seconds())) for job in running_jobs]
+    running = [
+        (
+            job,
+            stats.format_age(job.running_for.total_seconds()),
+            progress_bar(job.progress) if job.progress else "",
+        )
+        for job in running_jobs
+    ]
     stuck = [
         {
             **s,
@@ -133,4 +145,19 @@ def chart(points: list[tuple[Any, list[int]]], now: datetime) -> SafeString:
         height,
         width,
         height,
+    )
+
+
+def progress_bar(shown: Shown) -> SafeString:
+    """A compact bar with its percentage, or the count done when the total is unknown."""
+    fraction = shown.fraction
+    if fraction is None:
+        return format_html('<span class="dj-progress-count">{} done</span>', count(shown.done))
+    return format_html(
+        '<span class="dj-progress" title="{} of {}"><span class="dj-progress-bar">'
+        '<span style="width: {}%"></span></span> {}</span>',
+        count(shown.done),
+        count(shown.total or 0),
+        f"{100 * fraction:.1f}",
+        shown.percent,
     )

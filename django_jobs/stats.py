@@ -1,12 +1,13 @@
 """Operations data: what is queued, running, finishing and failing, per queue.
 
-Everything here reads the SQL views of migration 0003, the public contract that Grafana also
-queries (see docs/operations.md), so the terminal, the admin and the dashboards agree. The
-functions return plain data (lists and dicts of numbers, strings and datetimes) for
-``manage.py jobstats`` and any other caller; :func:`render` and :func:`to_json` format a
-:func:`summary` for people and for scripts.
+Everything here reads the SQL views of migrations 0003, 0012 and 0014, the public contract
+that Grafana also queries (see docs/operations.md), so the terminal, the admin and the
+dashboards agree. The functions return plain data (lists and dicts of numbers, strings and
+datetimes) for ``manage.py jobstats`` and any other caller; :func:`render` and :func:`to_json`
+format a :func:`summary` for people and for scripts.
 
-The views judge workers dead and jobs overdue by the thresholds in the session settings
+They read from ``JOBS_READ_DATABASE`` (a replica, say; default: ``JOBS_DATABASE``). The views
+judge workers dead and jobs overdue by the thresholds in the session settings
 ``django_jobs.worker_timeout`` and ``django_jobs.timeout_grace``; these functions set them from
 ``JOBS_WORKER_TIMEOUT`` and ``JOBS_TIMEOUT_GRACE`` for their own transaction. The statements are
 in django_jobs/sql/stats.sql, and run with the bounded waits of db.py.
@@ -25,6 +26,8 @@ from django.db import connections, transaction
 from django_jobs import conf, db
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
+from django_jobs.progress import count
+from django_jobs.sanitize import mask_text
 from django_jobs.sql import query
 
 
@@ -70,11 +73,13 @@ class Summary(TypedDict):
     stuck: dict[str, int]
     #: Rows of the django_jobs_schedules view: the periodic jobs, by name.
     schedules: list[dict[str, Any]]
+    #: Rows of the django_jobs_running view that reported progress, the longest running first.
+    running: list[dict[str, Any]]
 
 
 @contextlib.contextmanager
 def _cursor() -> Iterator[Any]:
-    alias = conf.database_alias()
+    alias = conf.read_database_alias()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         thresholds = {
             "worker_timeout": str(conf.worker_timeout()),
@@ -132,6 +137,13 @@ def recent_failures(limit: int = 50) -> list[dict[str, Any]]:
         return _rows(cursor, "recent_failures", {"limit": limit})
 
 
+def running(limit: int = 100) -> list[dict[str, Any]]:
+    """Rows of ``django_jobs_running``: the running jobs with their progress, the longest
+    running first."""
+    with _cursor() as cursor:
+        return _rows(cursor, "running", {"limit": limit})
+
+
 def summary(window_minutes: int = 15) -> Summary:
     """Per queue: jobs by state, the oldest ready and running ages, attempts ended in the last
     ``window_minutes``, live workers, stuck jobs; plus the worker and stuck totals."""
@@ -144,6 +156,7 @@ def summary(window_minutes: int = 15) -> Summary:
         stuck = _rows(cursor, "summary_stuck")
         registered = _rows(cursor, "summary_workers")
         schedules = _rows(cursor, "summary_schedules")
+        progress = _rows(cursor, "summary_progress")
 
     for worker in registered:
         if isinstance(worker["queues"], str):
@@ -199,6 +212,7 @@ def summary(window_minutes: int = 15) -> Summary:
         ),
         stuck=dict(sorted(by_reason.items())),
         schedules=schedules,
+        running=progress,
     )
 
 
@@ -264,7 +278,8 @@ def render(data: Summary) -> str:
             f"  {'running':<9} {q['running']:>8} {'':>8} {'':>10} "
             f"{format_age(q['oldest_running_age_seconds']):>8}",
         ]
-    return "\n".join(line.rstrip() for line in lines + _schedule_lines(data["schedules"]))
+    lines += _schedule_lines(data["schedules"]) + _progress_lines(data["running"])
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
@@ -284,6 +299,27 @@ def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"  {s['name'][:24]:<24} {s['expression'][:16]:<16} {next_run:<16} "
             f"{format_age(s['late_seconds'] or None):>6}  {s['last_outcome']}{state}"
+        )
+    return lines
+
+
+def _progress_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The progress section of :func:`render`: one line per running job that reported some."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"progress · {len(rows)} running job(s) reporting it",
+        f"  {'job':>8} {'task':<32} {'done':>14} {'%':>6} {'left':>8}  message",
+    ]
+    for row in rows:
+        done = count(row["progress_done"])
+        if row["progress_total"] is not None:
+            done += f"/{count(row['progress_total'])}"
+        percent = "" if row["progress_percent"] is None else f"{row['progress_percent']:.0f}%"
+        lines.append(
+            f"  {row['job_id']:>8} {row['task'][:32]:<32} {done:>14} {percent:>6} "
+            f"{format_age(row['eta_seconds']):>8}  {mask_text(row['progress_message'])[:60]}"
         )
     return lines
 

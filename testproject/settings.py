@@ -27,6 +27,15 @@ ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/django_jobs"),
 }
+# A read-only alias on the same database, as a streaming replica would be: the tests point
+# JOBS_READ_DATABASE at it (tests/integration/test_read_database.py creates the role). Nothing
+# uses it unless JOBS_READ_DATABASE names it.
+DATABASES["replica"] = {
+    **DATABASES["default"],
+    "USER": "django_jobs_reader",
+    "PASSWORD": "django_jobs_reader",
+    "TEST": {"MIRROR": "default"},
+}
 # Behind pgbouncer in transaction-pooling mode (DATABASE_POOLER=transaction): no server-side
 # cursors, which would need a session. Django's psycopg backend prepares no statements by default.
 if env.str("DATABASE_POOLER", default="") == "transaction":

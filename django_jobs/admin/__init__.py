@@ -78,6 +78,7 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
         "queue",
         "priority",
         "attempts",
+        "progress_column",
         "worker_id",
         "created_at",
         "started_at",
@@ -110,6 +111,7 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
                     ("id", "task", "state_badge"),
                     ("queue", "priority", "attempts"),
                     ("worker_id", "unique_key", "cancel_requested"),
+                    "progress_text",
                     "error_text",
                 ]
             },

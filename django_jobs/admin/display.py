@@ -12,12 +12,19 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_jobs.admin.masking import masked_error, masked_json, masked_text
+from django_jobs.dashboard import progress_bar
 from django_jobs.models import Attempt, Job
+from django_jobs.progress import Shown, count
+from django_jobs.sanitize import mask_text
 from django_jobs.states import State
+
+#: Lines of a running attempt's log shown open on the job page.
+LIVE_LINES = 40
 
 
 def badge(state: str, label: str | None = None) -> SafeString:
@@ -33,6 +40,45 @@ def duration(value: timedelta | None) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+def progress_details(shown: Shown) -> SafeString:
+    """The job page's progress: the bar, the counts, the message, when it was last updated,
+    and the rate and time left when the total is known."""
+    parts = [f"{count(shown.done)} of {count(shown.total)}" if shown.total else ""]
+    if shown.updated_at is not None:
+        ago = (timezone.now() - shown.updated_at).total_seconds()
+        parts.append(f"updated {duration(timedelta(seconds=max(0.0, ago)))} ago")
+    if shown.rate is not None:
+        parts.append(f"{shown.rate:,.2f}/s")
+    if shown.eta_seconds is not None:
+        parts.append(f"about {duration(timedelta(seconds=shown.eta_seconds))} left")
+    return format_html(
+        '<div class="dj-progress-details">{}<div class="dj-muted">{}</div><div>{}</div></div>',
+        progress_bar(shown),
+        " · ".join(part for part in parts if part),
+        mask_text(shown.message),
+    )
+
+
+def attempt_log(attempt: Attempt) -> SafeString | str:
+    """An attempt's captured log, folded; a running attempt's last lines, open."""
+    if not attempt.log:
+        return ""
+    lines = attempt.log.splitlines()
+    if attempt.outcome == "running":
+        return format_html(
+            '<details class="dj-log" open><summary>last {} of {} lines (live)</summary>'
+            "<pre>{}</pre></details>",
+            min(LIVE_LINES, len(lines)),
+            len(lines),
+            mask_text("\n".join(lines[-LIVE_LINES:])),
+        )
+    return format_html(
+        '<details class="dj-log"><summary>log ({} lines)</summary><pre>{}</pre></details>',
+        len(lines),
+        mask_text(attempt.log),
+    )
 
 
 @admin.display(description="duration")
@@ -54,6 +100,7 @@ class AttemptInline(admin.TabularInline):
         "took",
         "result",
         "details",
+        "output",
     )
     verbose_name_plural = "attempts"
 
@@ -72,6 +119,10 @@ class AttemptInline(admin.TabularInline):
     @admin.display(description="error")
     def details(self, attempt: Attempt) -> SafeString | str:
         return masked_error(attempt.error, attempt.traceback)
+
+    @admin.display(description="log")
+    def output(self, attempt: Attempt) -> SafeString | str:
+        return attempt_log(attempt)
 
 
 def _payload_field(field: str) -> Callable[[Any, Job], SafeString]:
@@ -98,6 +149,18 @@ class JobColumns(admin.ModelAdmin):
     @admin.display(description="attempts")
     def attempts(self, job: Job) -> str:
         return f"{job.attempt}/{job.max_attempts}"
+
+    @admin.display(description="progress")
+    def progress_column(self, job: Job) -> SafeString | str:
+        shown = job.progress
+        return progress_bar(shown) if shown is not None and job.state == State.RUNNING else ""
+
+    @admin.display(description="progress")
+    def progress_text(self, job: Job) -> SafeString | str:
+        shown = job.progress
+        if shown is None:
+            return "-"
+        return format_html("{} (attempt {})", progress_details(shown), job.attempt)
 
     took = _took
 

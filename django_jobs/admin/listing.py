@@ -71,6 +71,9 @@ class JobList(admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "progress_done",
+        "progress_total",
+        "progress_attempt",
     ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:

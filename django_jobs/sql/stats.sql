@@ -50,3 +50,14 @@ SELECT queues, concurrency, alive, running_jobs FROM django_jobs_workers
 SELECT name, task, expression, timezone, paused, removed_from_code, next_run_at, last_run_at,
        last_job_id, last_outcome, late_seconds
 FROM django_jobs_schedules ORDER BY name
+
+-- name: running
+-- The running jobs with their progress, from the django_jobs_running view (migration 0014).
+SELECT * FROM django_jobs_running ORDER BY started_at, job_id LIMIT %(limit)s
+
+-- name: summary_progress
+-- The running jobs that reported progress in their current attempt, the longest running first.
+SELECT job_id, task, queue, worker_id, attempt, running_seconds, progress_done, progress_total,
+       progress_percent, progress_message, progress_updated_at, progress_rate, eta_seconds
+FROM django_jobs_running WHERE progress_done IS NOT NULL
+ORDER BY started_at, job_id LIMIT 20

@@ -20,6 +20,7 @@ VIEWS = [
     "django_jobs_stuck_jobs",
     "django_jobs_recent_failures",
     "django_jobs_schedules",
+    "django_jobs_running",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.
