@@ -1,12 +1,17 @@
-"""Example jobs of the demo: a slow report, a flaky import and a computation with a result."""
+"""Example jobs of the demo: a slow report, a flaky import, a computation with a result, and a
+catalog sync that reports its progress and logs as it goes."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import time
 
 from django_jobs import job
+from django_jobs.context import JobContext
+
+logger = logging.getLogger(__name__)
 
 
 @job(queue="reports", timeout=120, max_attempts=2)
@@ -33,3 +38,16 @@ def checksum(text: str, rounds: int = 20000) -> str:
     for _ in range(rounds):
         digest = hashlib.sha256(digest).digest()
     return digest.hex()
+
+
+@job(queue="imports", takes_context=True, timeout=600)
+def sync_catalog(context: JobContext, items: int = 200, seconds_per_item: float = 0.01) -> dict:
+    """Sync a catalog item by item, reporting progress and logging as it goes."""
+    logger.info("syncing %d items with api_key=demo-secret-key", items)
+    for done in range(1, items + 1):
+        time.sleep(seconds_per_item)
+        context.progress(done, items, f"item {done}")
+        if done % 50 == 0:
+            print(f"synced {done}/{items} items")
+    logger.warning("3 items had no price; kept their old one")
+    return {"items": items}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -221,4 +222,35 @@ def test_without_the_pause_permission_there_is_no_pause_button(browser, live_ser
     assert response.status == 403 and "CSRF" not in response.text()
     schedule.refresh_from_db()
     assert not schedule.paused
+    context.close()
+
+
+def test_a_running_jobs_progress_bar_and_live_log_render(browser, live_server, operator) -> None:
+    make_jobs()
+    created = Job.objects.order_by("id").first().created_at
+    for done, total, message in [(640, 1000, "row 640"), (45, 60, "page 45"), (12, None, "")]:
+        job = JobFactory(
+            claimed=True,
+            task="reports.build_report",
+            worker_id="jobs-worker-6d9c7f8b5d-2xkqp:1:a1b2c3",
+            started_at=created,
+            progress_done=done,
+            progress_total=total,
+            progress_message=message,
+            progress_updated_at=created + timedelta(seconds=40),
+        )
+        Job.objects.filter(pk=job.pk).update(progress_attempt=job.attempt)
+        AttemptFactory(job=job, number=job.attempt, log="rendering page 44\nrendering page 45\n")
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_jobs/job/?state=running")
+    assert page.locator("#result_list .dj-progress").count() == 2
+    assert "64%" in page.locator("#result_list").inner_text()
+    page.screenshot(path=str(SHOTS / "progress.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/admin/django_jobs/job/{job.pk}/change/")
+    assert "12 done" in page.content()
+    assert page.locator(".dj-log pre").first.is_visible()
+    page.screenshot(path=str(SHOTS / "progress-job-page.png"), full_page=True)
     context.close()

@@ -78,7 +78,22 @@ class Command(BaseCommand):
         example = batch.filter(task__endswith="build_report", state="done").first()
         if example is not None:
             self.stdout.write(f"Example result of job #{example.pk}: {example.result}")
+        self.report_progress(batch)
         self.report(schedule)
+
+    def report_progress(self, batch: Any) -> None:
+        """The catalog sync's progress and the end of its captured log."""
+        job = batch.filter(task__endswith="sync_catalog").first()
+        if job is None:
+            return
+        shown = job.progress
+        if shown is not None:
+            self.stdout.write(
+                f"Job #{job.pk} ({job.task}) reported progress {shown.percent} "
+                f"({shown.message!r}); its attempt's captured log ends:"
+            )
+        for line in job.attempts.order_by("number").last().log.splitlines()[-3:]:
+            self.stdout.write(f"    {line}")
 
     def miss_a_tick(self) -> Schedule:
         """Sync the demo's schedule, then make it look as if no scheduler had run for two
