@@ -1,0 +1,64 @@
+"""context.progress(): what bad input becomes, and how often the worker writes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_jobs.context import JobContext
+from django_jobs.progress import MESSAGE_CHARS, BadProgress, Progress, checked
+from django_jobs.transitions import Lease
+from django_jobs.worker.live import LiveWrites, Tail, Watch
+from django_jobs.worker.outbox import Outbox
+from django_jobs.worker.queue import QueueGate
+from tests.unit.fakes import Clock, FakeQueue
+
+
+def test_out_of_range_progress_is_clamped_and_a_long_message_cut() -> None:
+    assert checked(1, -1) == Progress(1, 0.0, None, "")
+    assert checked(1, 12, 10).done == 10
+    assert checked(1, 3, 0).total is None  # a total that is not above 0 is unknown
+    message = checked(1, 1, 2, "x" * 10_000).message
+    assert len(message) == MESSAGE_CHARS and message.endswith("…")
+    assert "\x00" not in checked(1, 1, 2, "nul\x00here").message  # PostgreSQL refuses NUL
+
+
+@pytest.mark.parametrize("done", ["3", None, float("nan"), float("inf"), True, [1]])
+def test_a_done_that_is_not_a_finite_number_is_refused_with_a_clear_error(done) -> None:
+    with pytest.raises(BadProgress, match="done must be a"):
+        checked(1, done)
+
+
+def test_bad_progress_never_raises_into_the_job(caplog) -> None:
+    sent: list[Progress] = []
+    context = JobContext(1, "t", 1, 1, "w", report_progress=sent.append)
+    context.progress("half")
+    context.progress(-5, 10)
+    assert sent == [Progress(1, 0.0, 10.0, "")]
+    assert "done must be a number, not str" in caplog.text
+
+
+def test_the_tail_keeps_the_last_bytes_from_a_line_start_with_a_marker() -> None:
+    tail = Tail(100)
+    for i in range(1000):
+        tail.add(f"line {i} password=hunter2\n".encode())
+    text = tail.text()
+    assert text.startswith("[… ") and "earlier bytes cut: the last 100 are kept …]\nline " in text
+    assert text.endswith("line 999 password=********\n") and "hunter2" not in text
+
+
+def test_a_thousand_reports_a_second_make_one_write_per_interval_and_the_last() -> None:
+    clock = Clock()
+    queue = FakeQueue(clock)
+    outbox = Outbox(QueueGate(queue))
+    live = LiveWrites(queue, outbox, interval=2.0, clock=clock)
+    watch = Watch(Lease(1, 1, "w", "token"), Tail(1024))
+    for done in range(1, 10_001):  # ten seconds at 1,000 a second
+        watch.reported(Progress(1, done, 10_000))
+        live.step([watch])
+        outbox.flush()
+        clock.advance_to(clock.now + 0.001)
+    live.last(watch)
+    outbox.flush()
+    writes = [progress for _, progress, _ in queue.live]
+    assert len(writes) == 6  # at 0, 2, 4, 6, 8 s, and the last
+    assert writes[-1] == Progress(1, 10_000, 10_000)
