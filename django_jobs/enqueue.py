@@ -268,6 +268,7 @@ def _build(
         parent_id=params["parent"],
         parent_attempt=parent_attempt,
         unique_key=params["unique_key"],
+        progress_message="",
     )
     job._state.adding = False
     job._state.db = alias
