@@ -299,3 +299,12 @@ def scheduler_interval() -> float:
     """``JOBS_SCHEDULER_INTERVAL``: the longest a scheduler sleeps between looks at the
     schedules table, so that an edit in the admin takes effect within it. Default 30."""
     return float(_get("JOBS_SCHEDULER_INTERVAL", 30.0))
+
+
+def queue_limits() -> dict[str, int]:
+    """``JOBS_QUEUE_LIMITS``: cluster-wide limits on running jobs per queue, ``{"gpu": 4}``.
+    Synced into the queue table when a worker starts (an admin edit of a queue's limit wins
+    over it). Default ``{}``. Checked by ``manage.py check``; read with
+    :func:`django_jobs.queues.check_limits`."""
+    value = _get("JOBS_QUEUE_LIMITS", {})
+    return dict(value) if isinstance(value, dict) else value

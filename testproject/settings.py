@@ -106,6 +106,7 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_SCHEDULES", json.loads),
     ("JOBS_SCHEDULE_GRACE", float),
     ("JOBS_SCHEDULER_INTERVAL", float),
+    ("JOBS_QUEUE_LIMITS", json.loads),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

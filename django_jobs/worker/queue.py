@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django_jobs import db, schedules, ticks, transitions, workflows
+from django_jobs import db, queues, schedules, ticks, transitions, workflows
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.transitions import Beat, ClaimedJob, Ended, HandBack, Lease, WorkerInfo
 from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
@@ -73,6 +73,8 @@ class Queue(Protocol):
     ) -> Beat: ...
 
     def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
+
+    def sync_queue_limits(self) -> None: ...
 
     def unregister(self, worker_id: str) -> None: ...
 
@@ -157,6 +159,10 @@ class PostgresQueue:
     def recover_earlier_boots(self, worker: WorkerInfo) -> None:
         with self.connection.cursor() as cursor:
             recover_earlier_boots(cursor, worker)
+
+    def sync_queue_limits(self) -> None:
+        with self.connection.cursor() as cursor:
+            queues.sync_limits(cursor)
 
     def unregister(self, worker_id: str) -> None:
         with self.connection.cursor() as cursor:

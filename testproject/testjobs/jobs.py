@@ -220,3 +220,10 @@ if os.environ.get("TESTJOBS_NEW_RELEASE"):
 def nightly(*args: Any, **kwargs: Any) -> dict:
     """A periodic job declared in code (tests/integration/test_schedules.py)."""
     return {"args": list(args), "kwargs": kwargs}
+
+
+@job(name="tests.import_customer", concurrency_limit=2, max_attempts=1)
+def import_customer(customer: int, seconds: float = 0.0) -> int:
+    """A job limited per key: at most 2 running per customer (concurrency_key) at once."""
+    time.sleep(seconds)
+    return customer

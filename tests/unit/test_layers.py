@@ -20,9 +20,19 @@ LAYERS: list[set[str]] = [
     {"states", "conf", "exceptions", "storable", "sanitize", "compat", "logs", "cursor", "cron"},
     # models, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)
-    {"models", "schedule_models", "db", "sql", "registry"},
+    {"models", "schedule_models", "queue_models", "db", "sql", "registry"},
     # statements
-    {"transitions", "workflows", "enqueue", "prune", "stats", "context", "schedules", "ticks"},
+    {
+        "transitions",
+        "workflows",
+        "enqueue",
+        "prune",
+        "stats",
+        "context",
+        "schedules",
+        "ticks",
+        "queues",
+    },
     # the worker and the services
     {"worker", "reaper", "liveness", "actions", "backend", "dashboard", "checks", "apps"},
     # commands, admin, and the package's public names
@@ -170,7 +180,11 @@ def test_the_imports_that_point_up_are_made_late_and_are_the_known_ones() -> Non
 
 def test_the_finder_reads_each_form_of_import() -> None:
     early = imports(early=True)
-    assert early["django_jobs.models"] == {"django_jobs.states", "django_jobs.schedule_models"}
+    assert early["django_jobs.models"] == {
+        "django_jobs.states",
+        "django_jobs.schedule_models",
+        "django_jobs.queue_models",
+    }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",
         "django_jobs.db",
