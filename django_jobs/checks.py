@@ -8,7 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from django_jobs import conf, schedules
+from django_jobs import conf, queues, schedules
+from django_jobs.exceptions import InvalidOption
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -42,6 +43,22 @@ def check_jobs_database(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 "and one transaction each.",
                 hint="pip install 'psycopg[binary]>=3.1' (Django prefers it to psycopg2).",
                 id="django_jobs.E003",
+            )
+        ]
+    return []
+
+
+@checks.register()
+def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``JOBS_QUEUE_LIMITS`` must map queue names to whole numbers from 1."""
+    try:
+        queues.check_limits(conf.queue_limits())
+    except InvalidOption as error:
+        return [
+            checks.Error(
+                f"JOBS_QUEUE_LIMITS is invalid: {error}",
+                hint="Write it as {'gpu': 4}: queue name to the most jobs it may run at once.",
+                id="django_jobs.E005",
             )
         ]
     return []

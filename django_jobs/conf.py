@@ -332,3 +332,12 @@ def attempt_log_bytes() -> int:
     """``JOBS_ATTEMPT_LOG_BYTES``: how much of what an attempt printed and logged is kept: its
     last bytes, with a marker where the rest was cut. 0 captures nothing. Default 64 KiB."""
     return max(0, int(_get("JOBS_ATTEMPT_LOG_BYTES", 64 * 1024)))
+
+
+def queue_limits() -> dict[str, int]:
+    """``JOBS_QUEUE_LIMITS``: cluster-wide limits on running jobs per queue, ``{"gpu": 4}``.
+    Synced into the queue table when a worker starts (an admin edit of a queue's limit wins
+    over it). Default ``{}``. Checked by ``manage.py check``; read with
+    :func:`django_jobs.queues.check_limits`."""
+    value = _get("JOBS_QUEUE_LIMITS", {})
+    return dict(value) if isinstance(value, dict) else value

@@ -230,6 +230,8 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
         "delay": delay,
         "parent": _job_id(task.parent, "parent") if task.parent is not None else None,
         "unique_key": task.unique_key,
+        "concurrency_key": concurrency[0] if (concurrency := task.concurrency) else None,
+        "concurrency_limit": concurrency[1] if concurrency else None,
         "reason": reason,
     }
 
@@ -269,6 +271,8 @@ def _build(
         parent_attempt=parent_attempt,
         unique_key=params["unique_key"],
         progress_message="",
+        concurrency_key=params["concurrency_key"],
+        concurrency_limit=params["concurrency_limit"],
     )
     job._state.adding = False
     job._state.db = alias
@@ -354,6 +358,8 @@ def enqueue_many(
                 ("parent_id", "int8", params["parent"]),
                 ("parent_attempt", "int4", parent_attempt),
                 ("error", "text", params["reason"] or None),
+                ("concurrency_key", "text", params["concurrency_key"]),
+                ("concurrency_limit", "int4", params["concurrency_limit"]),
             )
             if value is not None
         ]

@@ -85,6 +85,14 @@ class Job(models.Model):
     progress_message = models.TextField(db_default="", blank=True, editable=False)
     progress_updated_at = models.DateTimeField(null=True, blank=True, editable=False)
     progress_attempt = models.IntegerField(null=True, blank=True, editable=False)
+    concurrency_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="At most concurrency_limit running jobs share this key, across all workers.",
+    )
+    concurrency_limit = models.IntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "django_jobs_job"
@@ -118,6 +126,11 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=~Q(state__in=sorted(TERMINAL_STATES)) | Q(finished_at__isnull=False),
                 name="job_terminal_has_finished_at",
+            ),
+            models.CheckConstraint(
+                condition=Q(concurrency_key__isnull=True, concurrency_limit__isnull=True)
+                | Q(concurrency_key__isnull=False, concurrency_limit__gte=1),
+                name="job_concurrency_limit_positive",
             ),
             # At most one active job per unique_key; see enqueue.py for how duplicates resolve.
             models.UniqueConstraint(
@@ -154,6 +167,41 @@ class Job(models.Model):
                 "id",
                 name="job_claim_queue_idx",
                 condition=Q(state=State.PENDING),
+            ),
+            # The claim, once a queue is paused or limited, or jobs have a concurrency key
+            # (queues.py): the same orders, of jobs without a key only, so that no claim walks
+            # past the jobs that wait for a key's slot.
+            models.Index(
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="job_claim_free_idx",
+                condition=Q(state=State.PENDING, concurrency_key__isnull=True),
+            ),
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="job_claim_free_queue_idx",
+                condition=Q(state=State.PENDING, concurrency_key__isnull=True),
+            ),
+            # Jobs with a concurrency key, by (key, queue) and then in claim order: the claim
+            # reads the first job of each (key, queue) that has a free slot.
+            models.Index(
+                "concurrency_key",
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="job_claim_key_idx",
+                condition=Q(state=State.PENDING, concurrency_key__isnull=False),
+            ),
+            # The running jobs of a key, counted before a claim takes one of its slots.
+            models.Index(
+                "concurrency_key",
+                name="job_running_key_idx",
+                condition=Q(state=State.RUNNING, concurrency_key__isnull=False),
             ),
             # Reaper, heartbeat checks and startup recovery: running jobs by worker.
             models.Index(
@@ -407,4 +455,5 @@ class Dashboard(Job):
         default_permissions = ()
 
 
+from django_jobs.queue_models import Queue  # noqa: E402, F401
 from django_jobs.schedule_models import Schedule, ScheduleTick  # noqa: E402, F401

@@ -55,11 +55,14 @@ class Task:
     runner: Runner | None = None
     # A cron expression: the task also runs periodically, as the schedule named after it.
     schedule: str | None = None
+    # At most this many running jobs share a concurrency key (the call's, else the task's name).
+    concurrency_limit: int | None = None
     # Per-call options, set through using():
     run_after: datetime | timedelta | None = None
     depends_on: tuple[Any, ...] = ()
     parent: Any = None
     unique_key: str | None = None
+    concurrency_key: str | None = None
 
     def __post_init__(self) -> None:
         validate_options(
@@ -69,6 +72,8 @@ class Task:
             timeout=self.timeout,
             run_after=self.run_after,
             unique_key=self.unique_key,
+            concurrency_key=self.concurrency_key,
+            concurrency_limit=self.concurrency_limit,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -89,11 +94,14 @@ class Task:
         depends_on: Iterable[Any] = _UNSET,
         parent: Any = _UNSET,
         unique_key: str | None = _UNSET,
+        concurrency_key: str | None = _UNSET,
+        concurrency_limit: int | None = _UNSET,
     ) -> Task:
         """Return a copy of this task with per-call options.
 
         ``run_after`` takes an aware datetime, or a timedelta counted from the database's
-        ``now()`` at enqueue time.
+        ``now()`` at enqueue time. At most ``concurrency_limit`` running jobs share a
+        ``concurrency_key``, across all workers (see :attr:`concurrency`).
         """
         changes: dict[str, Any] = {
             key: value
@@ -105,6 +113,8 @@ class Task:
                 "timeout": timeout,
                 "parent": parent,
                 "unique_key": unique_key,
+                "concurrency_key": concurrency_key,
+                "concurrency_limit": concurrency_limit,
             }.items()
             if value is not _UNSET
         }
@@ -138,6 +148,17 @@ class Task:
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     @property
+    def concurrency(self) -> tuple[str, int] | None:
+        """The ``(key, limit)`` a job of this call is held to, or ``None``: the call's key, else
+        the task's name when the task has a limit; the call's limit, else the task's, else 1."""
+        key = self.concurrency_key
+        if key is None and self.concurrency_limit is not None:
+            key = self.name
+        if key is None:
+            return None
+        return key, self.concurrency_limit if self.concurrency_limit is not None else 1
+
+    @property
     def effective_max_attempts(self) -> int:
         return self.max_attempts if self.max_attempts is not None else conf.default_max_attempts()
 
@@ -154,6 +175,8 @@ def validate_options(
     timeout: Any = None,
     run_after: Any = None,
     unique_key: Any = None,
+    concurrency_key: Any = None,
+    concurrency_limit: Any = None,
 ) -> None:
     """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
     why = unstorable(queue) if isinstance(queue, str) else None
@@ -195,6 +218,25 @@ def validate_options(
         raise InvalidOption("unique_key must be a non-empty string of at most 255 characters")
     if isinstance(unique_key, str) and (why := unstorable(unique_key)) is not None:
         raise InvalidOption(f"unique_key {why}")
+    if concurrency_key is not None and (
+        not isinstance(concurrency_key, str)
+        or not concurrency_key.strip()
+        or len(concurrency_key) > 255
+    ):
+        raise InvalidOption(
+            "concurrency_key must be a non-empty string of at most 255 characters,"
+            f" not {concurrency_key!r}"
+        )
+    if isinstance(concurrency_key, str) and (why := unstorable(concurrency_key)) is not None:
+        raise InvalidOption(f"concurrency_key {why}")
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool)
+        or not isinstance(concurrency_limit, int)
+        or not 1 <= concurrency_limit <= MAX_INT
+    ):
+        raise InvalidOption(
+            f"concurrency_limit must be an integer from 1 to {MAX_INT}, not {concurrency_limit!r}"
+        )
 
 
 #: The largest max_attempts and timeout: the columns are PostgreSQL integers.
@@ -283,6 +325,7 @@ def job(
     takes_context: bool = False,
     retry_backoff: BackoffPolicy | None = None,
     schedule: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[Callable[..., Any]], Task]: ...
 def job(
     func: Callable[..., Any] | None = None,
@@ -296,6 +339,7 @@ def job(
     takes_context: bool = False,
     retry_backoff: BackoffPolicy | None = None,
     schedule: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Task | Callable[[Callable[..., Any]], Task]:
     """Register a function as a job task. Works bare (``@job``) or with options.
 
@@ -306,6 +350,8 @@ def job(
     ``(base, cap)`` pair of seconds or a function of the failed attempt number. ``schedule``
     (a cron expression, UTC) also runs it periodically, as the schedule named after the task
     (see :mod:`django_jobs.schedules`; an invalid expression is a system check error).
+    ``concurrency_limit`` caps the running jobs that share a concurrency key across all
+    workers: the key given with ``using(concurrency_key=...)``, else the task's name.
     """
 
     def decorate(f: Callable[..., Any]) -> Task:
@@ -321,6 +367,7 @@ def job(
             takes_context=takes_context,
             retry_backoff=retry_backoff,
             schedule=schedule,
+            concurrency_limit=concurrency_limit,
         )
         return registry.register(task)
 

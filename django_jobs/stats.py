@@ -54,6 +54,12 @@ class QueueSummary(TypedDict):
     workers_alive: int
     #: Jobs of this queue in the django_jobs_stuck_jobs view.
     stuck: int
+    #: The queue's controls (queues.py): paused (by whom, when, why) and its limit (None: none).
+    paused: bool
+    paused_by: str
+    paused_at: datetime | None
+    pause_reason: str
+    concurrency_limit: int | None
 
 
 class WorkersSummary(TypedDict):
@@ -167,6 +173,15 @@ def summary(window_minutes: int = 15) -> Summary:
 
     for row in states:
         queue = queues[row["queue"]]
+        queue["paused"], queue["paused_by"], queue["paused_at"] = (
+            row["paused"],
+            row["paused_by"],
+            row["paused_at"],
+        )
+        queue["pause_reason"], queue["concurrency_limit"] = (
+            row["pause_reason"],
+            row["concurrency_limit"],
+        )
         if row["state"] == "pending":
             queue["pending"] = row["jobs"]
             queue["ready"] = row["ready"]
@@ -233,6 +248,11 @@ def _empty_queue(name: str) -> QueueSummary:
         failure_rate=None,
         workers_alive=0,
         stuck=0,
+        paused=False,
+        paused_by="",
+        paused_at=None,
+        pause_reason="",
+        concurrency_limit=None,
     )
 
 
@@ -271,15 +291,26 @@ def render(data: Summary) -> str:
             f"{q['queue']} · {q['workers_alive']} worker(s) alive · "
             f"{q['done_per_minute']:.1f} done/min ({q['done']} done, {q['failed']} failed, "
             f"{q['cancelled']} cancelled){rate}" + (f" · {q['stuck']} stuck" if q["stuck"] else ""),
+            *_control_lines(q),
             f"  {'state':<9} {'jobs':>8} {'ready':>8} {'scheduled':>10} {'oldest':>8}",
             f"  {'waiting':<9} {q['waiting']:>8}",
             f"  {'pending':<9} {q['pending']:>8} {q['ready']:>8} {q['scheduled']:>10} "
             f"{format_age(q['oldest_ready_age_seconds']):>8}",
             f"  {'running':<9} {q['running']:>8} {'':>8} {'':>10} "
-            f"{format_age(q['oldest_running_age_seconds']):>8}",
+            f"{format_age(q['oldest_running_age_seconds']):>8}"
+            + (f"  (limit {q['concurrency_limit']})" if q["concurrency_limit"] else ""),
         ]
     lines += _schedule_lines(data["schedules"]) + _progress_lines(data["running"])
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _control_lines(q: QueueSummary) -> list[str]:
+    """A paused queue's line in :func:`render`: who paused it, when and why."""
+    if not q["paused"]:
+        return []
+    when = f" at {q['paused_at']:%Y-%m-%d %H:%M:%S %Z}" if q["paused_at"] else ""
+    reason = f": {q['pause_reason']}" if q["pause_reason"] else ""
+    return [f"  PAUSED by {q['paused_by'] or '?'}{when}{reason}"]
 
 
 def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:

@@ -118,6 +118,7 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_PROGRESS_INTERVAL", float),
     ("JOBS_ATTEMPT_LOG_BYTES", int),
     ("JOBS_CAPTURE_LOG_LEVEL", str),
+    ("JOBS_QUEUE_LIMITS", json.loads),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

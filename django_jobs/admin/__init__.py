@@ -45,6 +45,7 @@ from django_jobs.admin.listing import (
     job_id,
     storable,
 )
+from django_jobs.admin.queues import QueueAdmin
 from django_jobs.admin.schedules import ScheduleAdmin
 from django_jobs.models import Dashboard, Job
 
@@ -58,6 +59,7 @@ __all__ = [
     "FixedChoicesFilter",
     "JobAdmin",
     "ParentFilter",
+    "QueueAdmin",
     "QueueFilter",
     "RecentFilter",
     "ScheduleAdmin",

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 
 from django_jobs import dashboard as dashboard_data
+from django_jobs import queues
+from django_jobs.exceptions import InvalidOption
 
 
 class DashboardAdmin(admin.ModelAdmin):
@@ -38,8 +40,36 @@ class DashboardAdmin(admin.ModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         # The dashboard is one page. Django's pages per object would show a job's payload as
         # the proxy model's fields, unmasked: they do not exist here (the job page shows it).
-        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
-        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", self.admin_site.admin_view(self.changelist_view), name=f"{name}_changelist"),
+            path(
+                "queues/<path:queue>/<str:action>/",
+                self.admin_site.admin_view(self.queue_control_view),
+                name=f"{name}_queue_control",
+            ),
+        ]
+
+    def queue_control_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
+        """The dashboard's pause and resume buttons (POST; ``django_jobs.pause_queue``)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not request.user.has_perm("django_jobs.pause_queue") or action not in (
+            "pause",
+            "resume",
+        ):
+            raise PermissionDenied
+        try:
+            if action == "pause":
+                reason = request.POST.get("reason", "")
+                queues.pause(queue, by=request.user.get_username(), reason=reason)
+            else:
+                queues.resume(queue)
+        except InvalidOption as error:
+            messages.error(request, str(error))
+        else:
+            messages.success(request, f"Queue {queue} {action}d.")
+        return HttpResponseRedirect(reverse("admin:django_jobs_dashboard_changelist"))
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -50,6 +80,7 @@ class DashboardAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             **dashboard_data.context(),
             "title": "Jobs dashboard",
+            "can_pause_queues": request.user.has_perm("django_jobs.pause_queue"),
             "opts": self.model._meta,
             **(extra_context or {}),
         }

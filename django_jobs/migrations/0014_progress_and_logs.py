@@ -37,7 +37,7 @@ FROM (
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobs", "0012_schedules"),
+        ("django_jobs", "0013_queue_controls"),
     ]
 
     operations = [

@@ -11,13 +11,15 @@
 -- the notification is delivered when the enqueueing transaction commits, and never if it rolls
 -- back. It carries only the queue name.
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
-                             run_after, parent_id, parent_attempt, unique_key, error, finished_at)
+                             run_after, parent_id, parent_attempt, unique_key, error, finished_at,
+                             concurrency_key, concurrency_limit)
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
         %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
         %(unique_key)s, %(reason)s,
-        CASE WHEN %(state)s = 'cancelled' THEN now() END)
+        CASE WHEN %(state)s = 'cancelled' THEN now() END,
+        %(concurrency_key)s, %(concurrency_limit)s)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                            AND state IN ('waiting', 'pending', 'running')
 DO NOTHING

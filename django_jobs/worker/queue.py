@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django_jobs import db, schedules, ticks, transitions, workflows
+from django_jobs import db, queues, schedules, ticks, transitions, workflows
 from django_jobs.progress import Progress
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.transitions import (
@@ -85,6 +85,8 @@ class Queue(Protocol):
     ) -> Beat: ...
 
     def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
+
+    def sync_queue_limits(self) -> None: ...
 
     def unregister(self, worker_id: str) -> None: ...
 
@@ -173,6 +175,10 @@ class PostgresQueue:
     def recover_earlier_boots(self, worker: WorkerInfo) -> None:
         with self.connection.cursor() as cursor:
             recover_earlier_boots(cursor, worker)
+
+    def sync_queue_limits(self) -> None:
+        with self.connection.cursor() as cursor:
+            queues.sync_limits(cursor)
 
     def unregister(self, worker_id: str) -> None:
         with self.connection.cursor() as cursor:

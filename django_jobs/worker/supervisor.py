@@ -385,9 +385,12 @@ class Supervisor:
 
     def _recover_earlier_boots(self) -> None:
         # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
-        recovery = self.gate.call(
-            "startup recovery", lambda: self.db.recover_earlier_boots(self.info)
-        )
+        # JOBS_QUEUE_LIMITS is written into the queue table at the same time.
+        def start_up() -> None:
+            self.db.recover_earlier_boots(self.info)
+            self.db.sync_queue_limits()
+
+        recovery = self.gate.call("startup recovery", start_up)
         if recovery is not FAILED:
             self.recovered = True
 

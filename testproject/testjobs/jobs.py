@@ -263,3 +263,10 @@ def chatty(lines: int = 3, then: str = "return", line_bytes: int = 0, pause: flo
     if then == "hang":
         time.sleep(3600)
     return "said it all"
+
+
+@job(name="tests.import_customer", concurrency_limit=2, max_attempts=1)
+def import_customer(customer: int, seconds: float = 0.0) -> int:
+    """A job limited per key: at most 2 running per customer (concurrency_key) at once."""
+    time.sleep(seconds)
+    return customer

@@ -20,7 +20,7 @@ from django.db import models
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from django_jobs.models import Attempt, Dashboard, Dependency, Job, Schedule, Worker
+from django_jobs.models import Attempt, Dashboard, Dependency, Job, Queue, Schedule, Worker
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -104,6 +104,7 @@ def secret_job() -> dict[type[models.Model], Any]:
         Attempt: attempt,
         Dependency: dependency,
         Worker: worker,
+        Queue: Queue.objects.create(name=job.queue, paused=True, paused_by="ops"),
     }
 
 
@@ -156,6 +157,8 @@ def admin_urls(rows: dict[type[models.Model], Any]) -> list[str]:
             "app_label": model._meta.app_label,
             "content_type_id": ContentType.objects.get_for_model(model, False).pk,
             "url": f"{model._meta.app_label}/{model._meta.model_name}/{row.pk}/change",
+            "queue": rows[Job].queue,
+            "action": "resume",
         }
         prefix = f"{root}{model._meta.app_label}/{model._meta.model_name}/"
         for pattern in admin.site.get_model_admin(model).get_urls():

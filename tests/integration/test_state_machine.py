@@ -126,6 +126,16 @@ def claim_statement(queues: list[str] | None) -> Callable[[], Moves]:
     return exercise
 
 
+def claim_keyed_job() -> Moves:
+    """Run claim_keyed_job on every job, each given a concurrency key first."""
+    everyone = jobs_in_every_state()
+    Job.objects.update(concurrency_key="k", concurrency_limit=1)
+    with watching() as moves, connection.cursor() as cursor:
+        for job in everyone:
+            cursor.execute(query("claim_keyed_job"), {"worker_id": WORKER, "job_id": job.pk})
+    return moves
+
+
 def end_attempts(end: Callable[[Any, Lease, str, bool], object]) -> Moves:
     """End attempts with ``end(cursor, lease, outcome, retryable)`` every way they can end."""
     everyone = jobs_in_every_state()
@@ -285,6 +295,7 @@ EXERCISES: dict[str, Callable[[], Moves]] = {
     "claim_any_queue": claim_statement(None),
     "claim_one_queue": claim_statement(["default"]),
     "claim_some_queues": claim_statement(["default", "other"]),
+    "claim_keyed_job": claim_keyed_job,
     "django_jobs_finish": finish,
     "reap": reap,
     "release": release,

@@ -276,7 +276,7 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         )
         cursor.execute("ANALYZE django_jobs_job")
     plans = {}
-    for queues, index in [(None, "job_claim_idx"), (["reports"], "job_claim_queue_idx")]:
+    for queues, index in [(None, "job_claim_free_idx"), (["reports"], "job_claim_free_queue_idx")]:
         sql, params = transitions.claim_sql(queues)
         plans[index] = plan = _plan(sql, {"worker_id": WORKER, **params})
         assert f"Index Scan using {index}" in plan, plan
@@ -313,7 +313,12 @@ def _words(text: str) -> str:
     return " ".join(text.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION").split())
 
 
-FUNCTIONS = (transitions.CLAIM_FUNCTION, transitions.FINISH_FUNCTION)
+FUNCTIONS = (
+    transitions.CLAIM_FUNCTION,
+    transitions.FINISH_FUNCTION,
+    "django_jobs_keyed_candidate",
+    "django_jobs_free_candidate",
+)
 
 
 def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() -> None:
@@ -321,7 +326,7 @@ def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() ->
     # would run the old ones.
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT proname, prosrc FROM pg_proc WHERE proname IN (%s, %s)", list(FUNCTIONS)
+            "SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", [list(FUNCTIONS)]
         )
         bodies = {name: source.strip() for name, source in cursor.fetchall()}
     assert bodies == {name: _function_body(name).strip() for name in FUNCTIONS}
@@ -336,7 +341,7 @@ def test_the_latest_migration_that_makes_each_function_makes_it_as_functions_sql
             statements = getattr(operation, "sql", [])
             for statement in [statements] if isinstance(statements, str) else statements:
                 for name in FUNCTIONS:
-                    if f"CREATE FUNCTION {name}(" in statement:
+                    if f"CREATE FUNCTION {name}(" in _words(statement):
                         made[name] = (path.stem, statement)
     for name in FUNCTIONS:
         migration, statement = made[name]
@@ -354,10 +359,13 @@ def _as_statement(branch: str, arguments: dict[str, str]) -> str:
 def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
     branches = re.findall(r"RETURN QUERY(.*?);", _function_body(transitions.CLAIM_FUNCTION), re.S)
     arguments = {"p_worker_id": "%(worker_id)s", "p_skip_tasks": "%(skip_tasks)s"}
+    one_queue = _words(sql.query("claim_one_queue"))
     assert [_as_statement(branch, arguments) for branch in branches] == [
         _words(sql.query("claim_any_queue")),
-        _words(sql.query("claim_one_queue")).replace("%(queue)s", "p_queues[1]"),
-        _words(sql.query("claim_some_queues")).replace("%(queues)s", "p_queues"),
+        one_queue.replace("%(queue)s", "v_queues[1]"),
+        _words(sql.query("claim_some_queues")).replace("%(queues)s", "v_queues"),
+        _words(sql.query("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
+        one_queue.replace("%(queue)s", "v_free.queue"),
     ]
 
 

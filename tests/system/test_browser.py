@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from django_jobs.models import Job, Schedule
+from django_jobs.models import Job, Queue, Schedule
 from tests.conftest import CHROMIUM, ROOT
 from tests.factories import AttemptFactory, JobFactory
 
@@ -253,4 +253,53 @@ def test_a_running_jobs_progress_bar_and_live_log_render(browser, live_server, o
     assert "12 done" in page.content()
     assert page.locator(".dj-log pre").first.is_visible()
     page.screenshot(path=str(SHOTS / "progress-job-page.png"), full_page=True)
+    context.close()
+
+
+def test_an_operator_pauses_and_resumes_a_queue_from_the_dashboard(
+    browser, live_server, operator
+) -> None:
+    JobFactory(queue="imports")
+    JobFactory(queue="default")
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_jobs/dashboard/")
+    row = page.locator("#dj-queues tbody tr:has(td a:text-is('imports'))")
+    assert "open" in row.inner_text()
+    row.locator("input[name=reason]").fill("nightly migration")
+    row.locator("button:text-is('Pause')").click()
+    page.wait_for_selector(".messagelist .success")
+    assert "Queue imports paused." in page.locator(".messagelist li").first.inner_text()
+    row = page.locator("#dj-queues tbody tr:has(td a:text-is('imports'))")
+    assert "paused" in row.inner_text() and "by operator" in row.inner_text()
+    assert "nightly migration" in row.inner_text()
+    assert Queue.objects.get(name="imports").paused
+    page.screenshot(path=str(SHOTS / "dashboard-paused-queue.png"), full_page=True)
+    row.locator("button:text-is('Resume')").click()
+    page.wait_for_selector(".messagelist .success")
+    assert not Queue.objects.get(name="imports").paused
+    context.close()
+
+
+def test_without_the_queue_permission_the_dashboard_has_no_pause_button(
+    browser, live_server
+) -> None:
+    JobFactory(queue="imports")
+    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=["view_job"]))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server, "viewer")
+    page.goto(f"{live_server.url}/admin/django_jobs/dashboard/")
+    page.wait_for_selector("#dj-queues")
+    assert page.locator("#dj-queues button").count() == 0
+    token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+    response = page.request.post(
+        f"{live_server.url}/admin/django_jobs/dashboard/queues/imports/pause/",
+        headers={"X-CSRFToken": token, "Referer": page.url},
+        max_redirects=0,
+    )
+    assert response.status == 403 and "CSRF" not in response.text()
+    assert not Queue.objects.filter(paused=True).exists()
     context.close()

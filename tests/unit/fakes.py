@@ -264,6 +264,9 @@ class FakeQueue:
     def recover_earlier_boots(self, worker: WorkerInfo) -> None:
         self._call("startup recovery")
 
+    def sync_queue_limits(self) -> None:
+        self._call("queue limits sync")
+
     def unregister(self, worker_id: str) -> None:
         self._call("unregister")
 

@@ -31,9 +31,19 @@ LAYERS: list[set[str]] = [
     },
     # models, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)
-    {"models", "schedule_models", "db", "sql", "registry"},
+    {"models", "schedule_models", "queue_models", "db", "sql", "registry"},
     # statements
-    {"transitions", "workflows", "enqueue", "prune", "stats", "context", "schedules", "ticks"},
+    {
+        "transitions",
+        "workflows",
+        "enqueue",
+        "prune",
+        "stats",
+        "context",
+        "schedules",
+        "ticks",
+        "queues",
+    },
     # the worker and the services
     {"worker", "reaper", "liveness", "actions", "backend", "dashboard", "checks", "apps"},
     # commands, admin, and the package's public names
@@ -185,6 +195,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
         "django_jobs.progress",
         "django_jobs.states",
         "django_jobs.schedule_models",
+        "django_jobs.queue_models",
     }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",

@@ -340,6 +340,7 @@ def test_the_statements_found_are_the_ones_expected() -> None:
         "claim_any_queue": "claim",
         "claim_one_queue": "claim",
         "claim_some_queues": "claim",
+        "claim_keyed_job": "claim",
         "reap": "end attempt",
         "release": "release",
         "hand_back": "release",

@@ -125,6 +125,7 @@ def test_a_claimed_job_is_run_by_an_executor_and_finished(clock: Clock, logs: Re
     assert queue.ops() == [
         ("heartbeat", None),
         ("startup recovery", None),
+        ("queue limits sync", None),
         ("claim", None),
         ("finish", job.id),
         ("unregister", None),

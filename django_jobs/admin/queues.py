@@ -1,0 +1,98 @@
+"""The admin of queue controls: which queues are paused (by whom, when, why) and each queue's
+cluster-wide limit, with pause and resume as list actions (permission
+``django_jobs.pause_queue``) and the limit editable (``django_jobs.change_queue``). The dashboard
+has the same pause and resume buttons (:mod:`~django_jobs.admin.dashboard`).
+
+A row here exists for queues that are or were paused or limited; a queue without one is open and
+unlimited. A limit set here wins over ``JOBS_QUEUE_LIMITS`` until it is set back to the
+setting's (``manage.py jobqueue limit NAME settings``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from django_jobs import queues
+from django_jobs.admin.display import badge
+from django_jobs.exceptions import InvalidOption
+from django_jobs.models import Queue
+
+
+class QueueForm(forms.ModelForm):
+    class Meta:
+        model = Queue
+        fields = ["name", "concurrency_limit"]
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if self.instance._state.adding and name not in queues.known():
+            raise forms.ValidationError(
+                "No job, task, worker or JOBS_QUEUE_LIMITS entry names this queue."
+            )
+        return str(name)
+
+    def clean_concurrency_limit(self) -> int | None:
+        try:
+            return queues.check_limit(self.cleaned_data["concurrency_limit"])
+        except InvalidOption as error:
+            raise forms.ValidationError(str(error)) from None
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    form = QueueForm
+    list_display = ["name", "state", "paused_by", "paused_at", "pause_reason", "limit"]
+    list_filter = ["paused"]
+    search_fields = ["name"]
+    actions = ["pause_queues", "resume_queues"]
+    readonly_fields = ["paused", "paused_by", "paused_at", "pause_reason", "limit_source"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:  # a new row: a queue to limit (pausing is an action)
+            return ["name", "concurrency_limit"]
+        return ["name", "concurrency_limit", "limit_source", *self.readonly_fields[:4]]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*self.readonly_fields, "name"] if obj is not None else []
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj: Queue) -> Any:
+        return badge("cancelled", "paused") if obj.paused else badge("done", "open")
+
+    @admin.display(description="limit", ordering="concurrency_limit")
+    def limit(self, obj: Queue) -> str:
+        if obj.concurrency_limit is None:
+            return "-"
+        source = " (JOBS_QUEUE_LIMITS)" if obj.limit_source == Queue.LimitSource.SETTINGS else ""
+        return f"{obj.concurrency_limit}{source}"
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.pause_queue")
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
+        # Through queues.set_limit: the same checks as jobqueue, and idle workers are woken.
+        queues.set_limit(obj.name, obj.concurrency_limit, source=Queue.LimitSource.ADMIN)
+        obj.refresh_from_db()
+
+    @admin.action(description="Pause selected queues", permissions=["pause"])
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            queues.pause(name, by=request.user.get_username())
+        self.message_user(request, f"Paused {len(names)} queue(s): {', '.join(names)}.")
+
+    @admin.action(description="Resume selected queues", permissions=["pause"])
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        names = list(queryset.filter(paused=True).values_list("name", flat=True))
+        for name in names:
+            queues.resume(name)
+        self.message_user(
+            request,
+            f"Resumed {len(names)} queue(s)" + (f": {', '.join(names)}." if names else "."),
+            messages.SUCCESS,
+        )

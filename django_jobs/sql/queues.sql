@@ -1,0 +1,74 @@
+-- Queue controls (queues.py): the rows of django_jobs_queue that the claim function reads on
+-- every claim (functions.sql). A queue without a row is open and has no limit.
+
+-- name: known_queues
+-- The queues something names: controls, live workers, unfinished jobs. Pending jobs' queues by
+-- a skip scan of job_claim_queue_idx (one probe per queue, however many jobs wait).
+WITH RECURSIVE pending(q) AS (
+    (SELECT queue::text FROM django_jobs_job WHERE state = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue::text FROM django_jobs_job
+            WHERE state = 'pending' AND queue > p.q ORDER BY queue LIMIT 1)
+    FROM pending p WHERE p.q IS NOT NULL
+)
+SELECT q FROM pending WHERE q IS NOT NULL
+UNION SELECT name FROM django_jobs_queue
+UNION SELECT queue FROM django_jobs_job WHERE state IN ('running', 'waiting')
+UNION SELECT jsonb_array_elements_text(queues) FROM django_jobs_worker
+      WHERE jsonb_typeof(queues) = 'array'
+
+-- name: pause_queue
+-- The next claim passes over the queue. Pausing a paused queue keeps its first pause's time.
+INSERT INTO django_jobs_queue (name, paused, paused_at, paused_by, pause_reason, limit_source,
+                               updated_at)
+VALUES (%(name)s, true, now(), %(by)s, %(reason)s, '', now())
+ON CONFLICT (name) DO UPDATE
+SET paused = true,
+    paused_at = CASE WHEN django_jobs_queue.paused THEN django_jobs_queue.paused_at ELSE now() END,
+    paused_by = EXCLUDED.paused_by, pause_reason = EXCLUDED.pause_reason, updated_at = now()
+
+-- name: resume_queue
+-- Claims take the queue's jobs again; idle workers are woken for them (at commit).
+UPDATE django_jobs_queue
+SET paused = false, paused_at = NULL, paused_by = '', pause_reason = '', updated_at = now()
+WHERE name = %(name)s
+RETURNING pg_notify('django_jobs', name) IS NULL
+
+-- name: set_queue_limit
+-- A limit from the admin or jobqueue, or NULL for none. Idle workers are woken: a higher limit
+-- frees slots.
+INSERT INTO django_jobs_queue (name, concurrency_limit, limit_source, updated_at)
+VALUES (%(name)s, %(limit)s, %(source)s, now())
+ON CONFLICT (name) DO UPDATE
+SET concurrency_limit = EXCLUDED.concurrency_limit, limit_source = EXCLUDED.limit_source,
+    updated_at = now()
+RETURNING pg_notify('django_jobs', name) IS NULL
+
+-- name: sync_queue_limits
+-- JOBS_QUEUE_LIMITS into the table: %(names)s with %(limits)s. Limits that came from settings
+-- follow them (and go when the setting does); a limit set in the admin or by jobqueue stays.
+WITH wanted AS (
+    SELECT * FROM unnest(%(names)s::text[], %(limits)s::int[]) AS w(name, concurrency_limit)
+), upserted AS (
+    INSERT INTO django_jobs_queue (name, concurrency_limit, limit_source, updated_at)
+    SELECT name, concurrency_limit, 'settings', now() FROM wanted
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency_limit = EXCLUDED.concurrency_limit, limit_source = 'settings',
+        updated_at = now()
+    WHERE django_jobs_queue.limit_source <> 'admin'
+      AND django_jobs_queue.concurrency_limit IS DISTINCT FROM EXCLUDED.concurrency_limit
+)
+UPDATE django_jobs_queue q
+SET concurrency_limit = NULL, limit_source = '', updated_at = now()
+WHERE q.limit_source = 'settings' AND q.name NOT IN (SELECT name FROM wanted)
+
+-- name: queue_states
+-- The queues %(names)s with their controls and their pending and running counts (pending by
+-- job_claim_queue_idx, running by job_running_worker_idx).
+SELECT c.name, coalesce(q.paused, false), q.paused_at, coalesce(q.paused_by, ''),
+       coalesce(q.pause_reason, ''), q.concurrency_limit, coalesce(q.limit_source, ''),
+       (SELECT count(*) FROM django_jobs_job j WHERE j.state = 'pending' AND j.queue = c.name),
+       (SELECT count(*) FROM django_jobs_job j WHERE j.state = 'running' AND j.queue = c.name)
+FROM unnest(%(names)s::text[]) AS c(name)
+LEFT JOIN django_jobs_queue q ON q.name = c.name
+ORDER BY c.name
