@@ -113,7 +113,7 @@ def test_the_claim_ignores_100k_waiting_jobs_and_stays_on_the_index() -> None:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, {"worker_id": "w:1:0", **params})
         plan = "\n".join(row[0] for row in cursor.fetchall())
     print("\n" + plan)
-    assert "Index Scan using job_claim_idx" in plan
+    assert "Index Scan using job_claim_free_idx" in plan
     assert "Sort" not in plan and "Seq Scan" not in plan
     assert Job.objects.get(pk=blocker.pk).state == "running"  # the one pending job
 
