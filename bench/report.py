@@ -284,13 +284,34 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{1000 * row['claim_s']:.2f} ms",
                     f"{1000 * row['claim_server_s']:.3f} ms",
                     f"{row['claim_buffers']:.0f}",
-                    "job_claim_idx" if row["claim_uses_index"] else "**no**",
+                    "job_claim_free_idx" if row["claim_uses_index"] else "**no**",
                     f"{1000 * row['reaper_s']:.1f} ms",
                 ]
                 for row in scale["sizes"]
             ],
         )
         out.append("")
+        controls = scale.get("controls")
+        if controls:
+            out += [
+                f"The claim function under queue controls and concurrency limits, at"
+                f" {controls['rows']:,} rows: the round trip (client) and the buffers"
+                " `EXPLAIN (ANALYZE, BUFFERS)` counts for the function and its inner statements.",
+                "",
+            ]
+            out += _table(
+                ["case", "claim (client)", "p90", "buffers touched"],
+                [
+                    [
+                        name,
+                        f"{1000 * case['claim_s']:.2f} ms",
+                        f"{1000 * case['claim_p90_s']:.2f} ms",
+                        f"{case['claim_buffers']:.0f}",
+                    ]
+                    for name, case in controls["cases"].items()
+                ],
+            )
+            out.append("")
 
     cost = results.get("cost")
     if cost:

@@ -9,7 +9,10 @@ the tables are vacuumed and analysed, as autovacuum would. At each size:
   is rolled back so that every run sees the same table: the median round trip as the client
   sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
   BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
-- a reaper pass (``django_jobs.reaper.reap_pass``) over a few running jobs whose worker is alive.
+- a reaper pass (``django_jobs.reaper.reap_pass``) over a few running jobs whose worker is alive;
+- at the largest size, the claim function (``call_claim``) under queue controls and concurrency
+  limits (``_CONTROLS``), against the same claim with none: its round trip and the buffers
+  ``EXPLAIN (ANALYZE, BUFFERS)`` counts for it (the function's inner statements included).
 
 The admin changelist and the operations views at a million rows are measured by
 ``bench/admin_pages.py`` and ``bench/views_cost.py``.
@@ -122,6 +125,11 @@ def run(ctx: Context, sizes: Sequence[int], claims: int, progress: Any = print) 
             f" (server {1000 * row['claim_server_s']:5.2f} ms),"
             f" reaper pass {1000 * row['reaper_s']:6.1f} ms"
         )
+    for name, case in result["controls"]["cases"].items():
+        progress(
+            f"  scale      claim with {name}: {1000 * case['claim_s']:6.2f} ms,"
+            f" {case['claim_buffers']:.0f} buffers"
+        )
     return result
 
 
@@ -185,8 +193,109 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
         "claim_server_s": median(executions),
         "claim_buffers": median(buffers),
         "claim_plan": plan,
-        "claim_uses_index": "job_claim_idx" in plan,
+        "claim_uses_index": "job_claim_free_idx" in plan,
     }
+
+
+# The claim under queue controls and concurrency limits (queues.py). Each case adds its rows
+# (the 10,000 held-back or paused jobs are ahead of every other ready job in claim order), runs
+# the claims, and removes them again.
+_HELD = """
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, run_after,
+                             concurrency_key, concurrency_limit)
+SELECT 'bench.noop', %(queue)s, 5, 'pending', '[]', '{}', 3, now() - interval '2 hours',
+       %(key)s::text || CASE WHEN %(keys)s::int > 1 THEN (g %% %(keys)s::int)::text ELSE '' END,
+       CASE WHEN %(key)s::text IS NOT NULL THEN %(limit)s::int END
+FROM generate_series(1, %(count)s) AS g
+"""
+_SATURATE = """
+INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, attempt, max_attempts,
+                             run_after, worker_id, started_at, concurrency_key, concurrency_limit)
+VALUES ('bench.noop', 'default', 0, 'running', '[]', '{}', 1, 3, now(), 'scale-worker', now(),
+        'busy', 1)
+"""
+_CONTROLS: dict[str, dict[str, Any]] = {
+    "no controls": {},
+    "a queue limit (not reached)": {"limit": ("default", 1000)},
+    "10,000 jobs of a paused queue ahead": {
+        "held": {"queue": "paused", "key": None, "keys": 1, "limit": None, "count": 10_000},
+        "pause": "paused",
+    },
+    "10,000 jobs behind one saturated key ahead": {
+        "held": {"queue": "default", "key": "busy", "keys": 1, "limit": 1, "count": 10_000},
+        "saturate": True,
+    },
+    "10,000 jobs over 20 open keys (limit 2)": {
+        "held": {"queue": "default", "key": "customer:", "keys": 20, "limit": 2, "count": 10_000},
+    },
+}
+
+
+def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
+    from django_jobs.sql import query
+
+    results = {}
+    for name, case in _CONTROLS.items():
+        with conn.cursor() as cursor:
+            if "held" in case:
+                cursor.execute(_HELD, case["held"])
+            if case.get("saturate"):
+                cursor.execute(_SATURATE)
+            if "pause" in case:
+                cursor.execute(
+                    "INSERT INTO django_jobs_queue (name, paused) VALUES (%s, true)",
+                    [case["pause"]],
+                )
+            if "limit" in case:
+                cursor.execute(
+                    "INSERT INTO django_jobs_queue (name, concurrency_limit) VALUES (%s, %s)",
+                    list(case["limit"]),
+                )
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("ANALYZE django_jobs_job")
+        conn.autocommit = False
+        params = {"worker_id": "scale-probe:1:x", "queues": None, "skip_tasks": None}
+        round_trips, buffers, claimed_held = [], [], 0
+        for _ in range(claims):
+            with conn.cursor() as cursor:
+                start = time.perf_counter()
+                row = cursor.execute(query("call_claim"), params).fetchone()
+                round_trips.append(time.perf_counter() - start)
+                if row is None:
+                    raise RuntimeError(f"{name}: the claim found no ready job")
+                held = cursor.execute(
+                    "SELECT queue = 'paused' OR concurrency_key IS NOT DISTINCT FROM 'busy'"
+                    " FROM django_jobs_job WHERE id = %s",
+                    [row[0]],
+                ).fetchone()[0]
+                claimed_held += bool(held)
+            conn.rollback()
+        for _ in range(max(8, claims // 10)):  # plpgsql keeps its plans after the first runs
+            with conn.cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("call_claim"), params)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+            conn.rollback()
+            touched = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+            if touched:
+                buffers.append(int(touched.group(1)) + int(touched.group(2) or 0))
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM django_jobs_job WHERE concurrency_key IS NOT NULL OR queue = 'paused'"
+            )
+            cursor.execute("DELETE FROM django_jobs_queue")
+        conn.commit()
+        conn.autocommit = True  # as autovacuum would, before the next case
+        conn.execute("VACUUM ANALYZE django_jobs_job")
+        conn.autocommit = False
+        if claimed_held:
+            raise RuntimeError(f"{name}: a claim took a paused queue's or a full key's job")
+        results[name] = {
+            "claim_s": median(round_trips),
+            "claim_p90_s": percentile(round_trips, 90),
+            "claim_buffers": median(buffers[-5:]),
+        }
+    return results
 
 
 def _measure_reaper(passes: int = 5) -> float:
@@ -227,10 +336,12 @@ def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
                 "reaper_s": _measure_reaper(),
             }
         )
+    controls = _measure_controls(conn, claims)
     conn.close()
     first, last = results[0], results[-1]
     return {
         "sizes": results,
+        "controls": {"rows": last["rows"], "cases": controls},
         "claim_ratio": last["claim_s"] / first["claim_s"],
         "claim_server_ratio": last["claim_server_s"] / first["claim_server_s"],
     }
