@@ -284,7 +284,7 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{1000 * row['claim_s']:.2f} ms",
                     f"{1000 * row['claim_server_s']:.3f} ms",
                     f"{row['claim_buffers']:.0f}",
-                    "job_claim_free_idx" if row["claim_uses_index"] else "**no**",
+                    "yes" if row["claim_uses_index"] else "**no**",
                     f"{1000 * row['reaper_s']:.1f} ms",
                 ]
                 for row in scale["sizes"]

@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
@@ -138,13 +138,8 @@ class JobActions(admin.ModelAdmin):
 
     def job_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
         """The buttons on a job's page: POST only, same permissions as the list actions."""
-        if request.method != "POST":
-            return HttpResponse(status=405, headers={"Allow": "POST"})
-        if not getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request):
-            raise PermissionDenied
-        job = get_object_or_404(Job, pk=pk)
-        getattr(self, action)(request, Job.objects.filter(pk=job.pk))
-        return HttpResponseRedirect(reverse("admin:django_jobs_job_change", args=[job.pk]))
+        allowed = getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request)
+        return object_button(self, request, Job, pk, action, allowed)
 
     def change_view(
         self,
@@ -167,3 +162,26 @@ class JobActions(admin.ModelAdmin):
             "job_buttons": [(label, reverse(name, args=[object_id])) for label, name in buttons],
         }
         return super().change_view(request, object_id, form_url, context)
+
+
+def object_button(
+    model_admin: Any,
+    request: HttpRequest,
+    model: type[Model],
+    pk: int,
+    action: str,
+    allowed: bool,
+) -> HttpResponse:
+    """A button on an object's page (a job's, a schedule's): POST only, refused unless
+    ``allowed`` (the list action's permission); runs the list action ``action`` on that one
+    object, then goes back to its page."""
+    if request.method != "POST":
+        return HttpResponse(status=405, headers={"Allow": "POST"})
+    if not allowed:
+        raise PermissionDenied
+    obj = get_object_or_404(model, pk=pk)
+    getattr(model_admin, action)(request, model._default_manager.filter(pk=obj.pk))
+    opts = model._meta
+    return HttpResponseRedirect(
+        reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+    )

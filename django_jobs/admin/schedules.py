@@ -17,14 +17,14 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.constants import LOOKUP_SEP
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
+from django_jobs.admin.actions import object_button
 from django_jobs.admin.display import badge
 from django_jobs.admin.listing import storable
 from django_jobs.admin.masking import masked_json, masked_text
@@ -287,13 +287,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     def schedule_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
         """The buttons on a schedule's page: POST only, same permissions as the actions."""
-        if request.method != "POST":
-            return HttpResponse(status=405, headers={"Allow": "POST"})
-        if not self._allowed(request, action):
-            raise PermissionDenied
-        schedule = get_object_or_404(Schedule, pk=pk)
-        getattr(self, action)(request, Schedule.objects.filter(pk=schedule.pk))
-        return HttpResponseRedirect(reverse("admin:django_jobs_schedule_change", args=[pk]))
+        return object_button(self, request, Schedule, pk, action, self._allowed(request, action))
 
     def change_view(
         self,

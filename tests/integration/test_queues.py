@@ -202,6 +202,27 @@ def test_a_held_key_is_not_scanned_on_every_claim() -> None:
     assert claim() is None
     keyed = _buffers("keyed_candidate", queues=None, closed=[])
     assert keyed < 50, keyed
+    # The whole claim too: its claim of the job without a key reads the index without the
+    # held-back jobs (job_claim_free_queue_idx), never job_claim_queue_idx past them.
+    noop.enqueue()
+    whole = _claim_buffers()
+    assert whole < 150, whole
+
+
+def _claim_buffers() -> int:
+    """Shared buffers one claim (the worker's call of the claim function, rolled back) touches,
+    its inner statements included, once the function keeps its plans."""
+    from django.db import transaction
+
+    for _ in range(8):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("call_claim"),
+                {"worker_id": WORKER, "queues": None, "skip_tasks": None},
+            )
+            plan = cursor.fetchone()[0][0]["Plan"]
+            transaction.set_rollback(True)
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
 
 
 def _buffers(statement: str, **params) -> int:

@@ -276,17 +276,29 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         )
         cursor.execute("ANALYZE django_jobs_job")
     plans = {}
-    for queues, index in [(None, "job_claim_free_idx"), (["reports"], "job_claim_free_queue_idx")]:
+    for queues, indexes in [(None, CLAIM_INDEXES), (["reports"], CLAIM_QUEUE_INDEXES)]:
         sql, params = transitions.claim_sql(queues)
-        plans[index] = plan = _plan(sql, {"worker_id": WORKER, **params})
-        assert f"Index Scan using {index}" in plan, plan
+        plans[queues and queues[0]] = plan = _plan(sql, {"worker_id": WORKER, **params})
+        assert _uses_one_of(indexes, plan), plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
         # The worker runs the statement inside django_jobs_claim(), which keeps a generic plan
         # (one made without the parameters' values): that one must use the index as well.
         generic = _generic_plan(sql, {"worker_id": WORKER, **params})
-        assert f"Index Scan using {index}" in generic, generic
+        assert _uses_one_of(indexes, generic), generic
         assert "Sort" not in generic and "Seq Scan" not in generic, generic
     print("\n\n".join(plans.values()))
+
+
+#: The indexes an ordered claim of jobs without a concurrency key may read: the partial index of
+#: such jobs, or the one of every pending job (the same rows and order when no job has a key;
+#: with jobs of a key pending, the first is the smaller, and the planner takes it, see
+#: tests/integration/test_queues.py).
+CLAIM_INDEXES = ("job_claim_free_idx", "job_claim_idx")
+CLAIM_QUEUE_INDEXES = ("job_claim_free_queue_idx", "job_claim_queue_idx")
+
+
+def _uses_one_of(indexes: tuple[str, ...], plan: str) -> bool:
+    return any(f"Index Scan using {index} " in plan for index in indexes)
 
 
 def _generic_plan(sql: str, params: dict) -> str:
