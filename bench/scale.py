@@ -193,7 +193,7 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
         "claim_server_s": median(executions),
         "claim_buffers": median(buffers),
         "claim_plan": plan,
-        "claim_uses_index": "job_claim_free_idx" in plan or "job_claim_idx" in plan,
+        "claim_uses_index": "job_claim_free_idx" in plan,
     }
 
 

@@ -151,26 +151,9 @@ class Job(models.Model):
             models.Index(
                 fields=["parent"], condition=models.Q(parent__isnull=False), name="job_parent_idx"
             ),
-            # Claim, any queue: an ordered scan that stops at the first unlocked ready row.
-            models.Index(
-                models.F("priority").desc(),
-                "run_after",
-                "id",
-                name="job_claim_idx",
-                condition=Q(state=State.PENDING),
-            ),
-            # Claim, one named queue.
-            models.Index(
-                "queue",
-                models.F("priority").desc(),
-                "run_after",
-                "id",
-                name="job_claim_queue_idx",
-                condition=Q(state=State.PENDING),
-            ),
-            # The claim, once a queue is paused or limited, or jobs have a concurrency key
-            # (queues.py): the same orders, of jobs without a key only, so that no claim walks
-            # past the jobs that wait for a key's slot.
+            # Claim: an ordered scan that stops at the first unlocked ready row, of jobs without
+            # a concurrency key only, so that no claim walks past the jobs that wait for a key's
+            # slot (queues.py). Any queue, then one named queue.
             models.Index(
                 models.F("priority").desc(),
                 "run_after",

@@ -2,10 +2,12 @@
 workers, and limit the running jobs that share a concurrency key.
 
 ``django_jobs_queue`` holds a row per paused or limited queue. Jobs get ``concurrency_key`` and
-``concurrency_limit``. Four partial indexes serve the claim: the claim orders again, of jobs
-without a key only (``job_claim_free_idx``, ``job_claim_free_queue_idx``), so that no claim walks
-past jobs that wait for a key's slot; jobs with a key by (key, queue) and claim order
-(``job_claim_key_idx``); running jobs by key (``job_running_key_idx``). They are built
+``concurrency_limit``. Four partial indexes serve the claim: the claim orders, of jobs without a
+key only (``job_claim_free_idx``, ``job_claim_free_queue_idx``, which replace ``job_claim_idx``
+and ``job_claim_queue_idx``), so that no claim walks past jobs that wait for a key's slot; jobs
+with a key by (key, queue) and claim order (``job_claim_key_idx``); running jobs by key
+(``job_running_key_idx``). The views that read pending jobs (``django_jobs_queue_summary``,
+``django_jobs_stuck_jobs``) read them through both parts. They are built
 concurrently, and the check constraint is validated without blocking writers, so upgrading a busy
 queue does not stop it.
 
@@ -17,7 +19,7 @@ when this migration was written; tests check that the database's functions match
 
 import importlib
 
-from django.contrib.postgres.operations import AddIndexConcurrently
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations, models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -318,6 +320,47 @@ DROP_CANDIDATES = [
     "DROP FUNCTION IF EXISTS django_jobs_free_candidate(text[], text[], text[])",
 ]
 
+# Pending jobs are read through the partial indexes of jobs without a key and of jobs with one
+# (job_claim_free_queue_idx, job_claim_key_idx), which replace job_claim_idx and
+# job_claim_queue_idx: the views read the two parts and add them up.
+_PENDING = "FROM django_jobs_job WHERE state = 'pending' GROUP BY queue"
+assert _PENDING in _VIEWS["django_jobs_queue_summary"]
+COUNTS = _VIEWS["django_jobs_queue_summary"].replace(
+    _PENDING,
+    """FROM (
+    SELECT queue, run_after FROM django_jobs_job
+    WHERE state = 'pending' AND concurrency_key IS NULL
+    UNION ALL
+    SELECT queue, run_after FROM django_jobs_job
+    WHERE state = 'pending' AND concurrency_key IS NOT NULL
+) p GROUP BY queue""",
+)
+_LATE = """FROM django_jobs_job j
+WHERE j.state = 'pending'
+  AND j.run_after < now() - make_interval(secs => django_jobs_setting('late_pending_after', 900))"""
+assert _LATE in _VIEWS["django_jobs_stuck_jobs"]
+STUCK = "CREATE OR REPLACE VIEW django_jobs_stuck_jobs AS " + _VIEWS[
+    "django_jobs_stuck_jobs"
+].replace(
+    _LATE,
+    _LATE.replace(
+        "WHERE j.state = 'pending'", "WHERE j.state = 'pending' AND j.concurrency_key IS NULL"
+    )
+    + "\nUNION ALL\n"
+    + _VIEWS["django_jobs_stuck_jobs"][
+        _VIEWS["django_jobs_stuck_jobs"].index(
+            "SELECT j.id, j.queue, j.task, j.state, 'late_pending'"
+        ) :
+    ]
+    .strip()
+    .replace(
+        "WHERE j.state = 'pending'", "WHERE j.state = 'pending' AND j.concurrency_key IS NOT NULL"
+    ),
+)
+RESTORE_STUCK = (
+    "CREATE OR REPLACE VIEW django_jobs_stuck_jobs AS " + _VIEWS["django_jobs_stuck_jobs"]
+)
+
 SUMMARY = """
 DROP VIEW django_jobs_queue_summary;
 CREATE VIEW django_jobs_queue_summary AS
@@ -335,7 +378,7 @@ FROM (
       AND NOT EXISTS (SELECT 1 FROM django_jobs_job j WHERE j.state = 'pending' AND j.queue = c.name)
 ) s
 LEFT JOIN django_jobs_queue c ON c.name = s.queue
-""".replace("{counts}", _VIEWS["django_jobs_queue_summary"].strip())
+""".replace("{counts}", COUNTS.strip())
 
 RESTORE_SUMMARY = (
     "DROP VIEW django_jobs_queue_summary;"
@@ -477,4 +520,7 @@ class Migration(migrations.Migration):
             [_PREVIOUS.DROP_CLAIM, _PREVIOUS.CREATE_CLAIM, *DROP_CANDIDATES],
         ),
         migrations.RunSQL(SUMMARY, RESTORE_SUMMARY),
+        migrations.RunSQL(STUCK, RESTORE_STUCK),
+        RemoveIndexConcurrently(model_name="job", name="job_claim_idx"),
+        RemoveIndexConcurrently(model_name="job", name="job_claim_queue_idx"),
     ]

@@ -2,16 +2,20 @@
 -- every claim (functions.sql). A queue without a row is open and has no limit.
 
 -- name: known_queues
--- The queues something names: controls, live workers, unfinished jobs. Pending jobs' queues by
--- a skip scan of job_claim_queue_idx (one probe per queue, however many jobs wait).
+-- The queues something names: controls, live workers, unfinished jobs. Queues of pending jobs
+-- without a key by a skip scan of job_claim_free_queue_idx (one probe per queue, however many
+-- jobs wait); of pending jobs with a key, from job_claim_key_idx.
 WITH RECURSIVE pending(q) AS (
-    (SELECT queue::text FROM django_jobs_job WHERE state = 'pending' ORDER BY queue LIMIT 1)
+    (SELECT queue::text FROM django_jobs_job
+     WHERE state = 'pending' AND concurrency_key IS NULL ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT queue::text FROM django_jobs_job
-            WHERE state = 'pending' AND queue > p.q ORDER BY queue LIMIT 1)
+            WHERE state = 'pending' AND concurrency_key IS NULL AND queue > p.q
+            ORDER BY queue LIMIT 1)
     FROM pending p WHERE p.q IS NOT NULL
 )
 SELECT q FROM pending WHERE q IS NOT NULL
+UNION SELECT queue FROM django_jobs_job WHERE state = 'pending' AND concurrency_key IS NOT NULL
 UNION SELECT name FROM django_jobs_queue
 UNION SELECT queue FROM django_jobs_job WHERE state IN ('running', 'waiting')
 UNION SELECT jsonb_array_elements_text(queues) FROM django_jobs_worker
@@ -64,10 +68,13 @@ WHERE q.limit_source = 'settings' AND q.name NOT IN (SELECT name FROM wanted)
 
 -- name: queue_states
 -- The queues %(names)s with their controls and their pending and running counts (pending by
--- job_claim_queue_idx, running by job_running_worker_idx).
+-- job_claim_free_queue_idx and job_claim_key_idx, running by job_running_worker_idx).
 SELECT c.name, coalesce(q.paused, false), q.paused_at, coalesce(q.paused_by, ''),
        coalesce(q.pause_reason, ''), q.concurrency_limit, coalesce(q.limit_source, ''),
-       (SELECT count(*) FROM django_jobs_job j WHERE j.state = 'pending' AND j.queue = c.name),
+       (SELECT count(*) FROM django_jobs_job j
+        WHERE j.state = 'pending' AND j.concurrency_key IS NULL AND j.queue = c.name)
+       + (SELECT count(*) FROM django_jobs_job j
+          WHERE j.state = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = c.name),
        (SELECT count(*) FROM django_jobs_job j WHERE j.state = 'running' AND j.queue = c.name)
 FROM unnest(%(names)s::text[]) AS c(name)
 LEFT JOIN django_jobs_queue q ON q.name = c.name

@@ -203,7 +203,7 @@ def test_a_held_key_is_not_scanned_on_every_claim() -> None:
     keyed = _buffers("keyed_candidate", queues=None, closed=[])
     assert keyed < 50, keyed
     # The whole claim too: its claim of the job without a key reads the index without the
-    # held-back jobs (job_claim_free_queue_idx), never job_claim_queue_idx past them.
+    # held-back jobs (job_claim_free_queue_idx), never past them.
     noop.enqueue()
     whole = _claim_buffers()
     assert whole < 150, whole

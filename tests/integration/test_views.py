@@ -252,11 +252,16 @@ TYPICAL = {
 # (both serve running jobs: the planner picks by their sizes).
 RUNNING = ("job_running_worker_idx", "job_admin_state_idx")
 INDEXES = {
-    "django_jobs_queue_summary": ["job_claim_queue_idx", RUNNING, "job_waiting_idx"],
+    "django_jobs_queue_summary": [
+        "job_claim_free_queue_idx",
+        "job_claim_key_idx",
+        RUNNING,
+        "job_waiting_idx",
+    ],
     "django_jobs_throughput": ["attempt_finished_minute_idx"],
     "django_jobs_task_durations": ["attempt_finished_minute_idx"],
     "django_jobs_workers": [RUNNING],
-    "django_jobs_stuck_jobs": [RUNNING, "job_claim_idx"],
+    "django_jobs_stuck_jobs": [RUNNING, ("job_claim_free_idx", "job_claim_free_queue_idx")],
     "django_jobs_recent_failures": ["attempt_failed_idx"],
 }
 

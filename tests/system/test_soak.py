@@ -32,4 +32,4 @@ def test_a_short_soak_reports_claim_latency_per_phase_and_table_health(tmp_path)
     assert all(phase["claims"] > 0 for phase in result["phases"].values())
     assert result["finished"] > 100 and not result["errors"]
     assert result["tables"]["django_jobs_worker"]["hot_share"] > 0.5  # heartbeats are HOT
-    assert "job_claim_idx" in result["index_mb"]
+    assert "job_claim_free_idx" in result["index_mb"]
