@@ -46,9 +46,11 @@ def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cursor.fetchall() if cursor.description else []
 
 
-def overdue(name: str, by: str = "1 second") -> None:
-    """The schedule's next tick, moved into the past (to a whole minute, a tick of an every
-    minute schedule): the scheduler was away."""
+def overdue(name: str, by: str = "0 seconds") -> None:
+    """The schedule's next tick, moved back to the whole minute at or before `now() - by` (a
+    tick of an every minute schedule): the scheduler was away. With no `by`, that is the latest
+    tick already due, so an every minute schedule has missed no other tick, whichever second
+    of the minute the test runs in."""
     sql(
         "UPDATE django_jobs_schedule SET next_run_at = date_trunc('minute', now() - %s::interval)"
         " WHERE name = %s",
