@@ -43,6 +43,20 @@ class SpawnRefused(JobsError):
     its lease (another run owns the job now). Nothing was created; the job should stop."""
 
 
+class ApiRefused(JobsError):
+    """The jobs HTTP API refused a worker's request (400, 401, 403, 404): a bad or revoked
+    token, a queue the token does not hold, a wrong ``--api`` URL. Trying again will not help."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiUnreachable(JobsError, ConnectionError):
+    """The jobs HTTP API did not answer (a network error, a timeout) or answered with a server
+    error (5xx): an outage, retried until it is over."""
+
+
 class Retry(Exception):
     """Raise from a job to ask for another attempt, optionally after a given delay.
 

@@ -17,6 +17,7 @@ import psycopg
 from django.db import connections
 
 from django_jobs.db import LOCK_NOT_AVAILABLE, QUERY_CANCELED
+from django_jobs.exceptions import ApiUnreachable
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -30,8 +31,8 @@ def is_connection_fatal(exc: BaseException) -> bool:
     sqlstate = getattr(exc, "sqlstate", None) or ""
     if sqlstate in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
         return False  # a bounded wait ran out: the statement failed, the session is fine
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return True
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | ApiUnreachable):
+        return True  # ApiUnreachable: a worker of the HTTP API lost its server
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate.startswith(_FATAL_SQLSTATE_PREFIXES) or sqlstate in _FATAL_SQLSTATES
 

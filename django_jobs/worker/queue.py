@@ -4,7 +4,7 @@
 next claim), heartbeat, release, hand back, a running job's progress and log, and the rest.
 :class:`PostgresQueue` sends each as the statements of :mod:`django_jobs.transitions` over the
 worker's one connection; a fake in the unit tests keeps jobs in memory, and another transport
-(an HTTP API) can plug in here.
+(the HTTP API, :mod:`django_jobs.worker.http_queue`) plugs in here.
 
 :class:`QueueGate` is the one place where the supervisor meets the queue's errors: a failed
 call is logged and backed off, never raised.
@@ -42,14 +42,24 @@ class Queue(Protocol):
     was lost makes it change nothing, and return ``None`` (``False`` for a release). A method
     raises on a database error; :attr:`broken` then says whether the connection went with it."""
 
+    #: What the queue is, in log lines: "database", "API".
+    label: str
+
+    def trouble(self, exc: BaseException) -> str:
+        """How log lines name an error of this queue: "database error", "API unreachable"."""
+        ...
+
     @property
     def broken(self) -> bool:
         """Whether the last error closed the connection (an outage, not a failed statement)."""
         ...
 
     def claim(
-        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str]
-    ) -> ClaimedJob | None: ...
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
+    ) -> ClaimedJob | None:
+        """The next ready job, or ``None``. A queue that can (the HTTP API's long polling) waits
+        up to ``wait`` seconds for one to become ready; others answer at once."""
+        ...
 
     def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None: ...
 
@@ -101,16 +111,22 @@ class PostgresQueue:
     """:class:`Queue` over one PostgreSQL connection (autocommit: every statement is its own
     short transaction), in the statements of :mod:`django_jobs.transitions`."""
 
+    label = "database"
+
     def __init__(self, connection: QueueConnection) -> None:
         self.connection = connection
+
+    def trouble(self, exc: BaseException) -> str:
+        return "database error"
 
     @property
     def broken(self) -> bool:
         return self.connection.broken
 
     def claim(
-        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str]
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
     ) -> ClaimedJob | None:
+        # No long polling here: an idle worker LISTENs (worker/wakeup.py), or polls.
         with self.connection.cursor() as cursor:
             return transitions.claim(cursor, worker_id, queues, skip_tasks)
 
@@ -226,7 +242,7 @@ class QueueGate:
         return self.outage.retry_at
 
     def call(self, description: str, fn: Callable[[], T], *, own_backoff: bool = False) -> T:
-        """Return ``fn()``; or, on a database error, log it, back off and return ``FAILED``."""
+        """Return ``fn()``; or, on an error of the queue, log it, back off and return ``FAILED``."""
         try:
             result = fn()
         except Exception as exc:
@@ -236,7 +252,8 @@ class QueueGate:
             if own_backoff and not self.queue.broken:
                 logger.log(
                     level,
-                    "database error during %s (%s: %s); trying it again later",
+                    "%s during %s (%s: %s); trying it again later",
+                    self.queue.trouble(exc),
                     description,
                     type(exc).__name__,
                     first_line(exc),
@@ -247,7 +264,8 @@ class QueueGate:
             if unlogged is not None:
                 logger.log(
                     level,
-                    "database error during %s (%s: %s); retrying in %.1fs%s",
+                    "%s during %s (%s: %s); retrying in %.1fs%s",
+                    self.queue.trouble(exc),
                     description,
                     type(exc).__name__,
                     first_line(exc),
@@ -257,5 +275,5 @@ class QueueGate:
             return FAILED
         failures = self.outage.succeeded()
         if failures:
-            logger.info("database reachable again after %d failed attempt(s)", failures)
+            logger.info("%s reachable again after %d failed attempt(s)", self.queue.label, failures)
         return result

@@ -106,6 +106,8 @@ class FakeQueue:
         self.schedules: list[FakeSchedule] = []
         # What record_live wrote: (job id, progress, log).
         self.live: list[tuple[int, Progress | None, str | None]] = []
+        # The wait of each claim (long polling), in turn.
+        self.waits: list[float] = []
 
     def add(self, task: str, count: int = 1, **fields: Any) -> list[FakeJob]:
         added = []
@@ -179,10 +181,16 @@ class FakeQueue:
 
     # The protocol.
 
+    label = "database"
+
+    def trouble(self, exc: BaseException) -> str:
+        return "database error"
+
     def claim(
-        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str]
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
     ) -> ClaimedJob | None:
         self._call("claim")
+        self.waits.append(wait)
         return self._claim(worker_id, queues, skip_tasks)
 
     def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None:
