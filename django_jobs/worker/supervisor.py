@@ -62,7 +62,10 @@ class Supervisor:
     """Run jobs from ``queues`` (all queues when empty) with ``concurrency`` executors.
 
     ``db`` (the queue) and ``pool`` (the executors) are built from the settings unless given:
-    the unit tests give fakes. ``observer`` is told of moments of the worker's life.
+    the unit tests give fakes, and ``runjobworker --api`` an
+    :class:`~django_jobs.worker.http_queue.HttpQueue`. ``observer`` is told of moments of the
+    worker's life. ``long_poll``: at most how long an idle worker's claim may wait for a job (a
+    queue that can wait; 0: claims answer at once, and the worker polls or LISTENs).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class Supervisor:
         pool: ExecutorPool | None = None,
         observer: Observer | None = None,
         scheduler: bool = True,
+        long_poll: float = 0.0,
     ) -> None:
         if concurrency < 1:
             raise InvalidOption("concurrency must be at least 1")
@@ -92,6 +96,7 @@ class Supervisor:
         self.max_jobs = max_jobs
         self.poll_interval = conf.poll_interval() if poll_interval is None else poll_interval
         self.grace = grace
+        self.long_poll = long_poll
         self.install_signals = install_signals
         self.heartbeat_interval = conf.heartbeat_interval()
         self.worker_timeout = conf.worker_timeout()
@@ -234,15 +239,43 @@ class Supervisor:
             if slot is None:
                 return
             skip = self.unknown_tasks.skip()
+            wait = self._claim_wait()
             job = self.gate.call(
-                "claim", functools.partial(self.db.claim, self.worker_id, self.queues, skip)
+                "claim",
+                functools.partial(self.db.claim, self.worker_id, self.queues, skip, wait=wait),
             )
             if job is FAILED:
+                return
+            if job is None and wait > 0:
+                # The wait was the poll: look again as soon as the loop has gone round.
+                self.queue_may_have_work = False
+                self.next_poll = time.monotonic()
+                return
+            if job is not None and self.stopping:
+                # A signal came during the long poll: this job goes back without running.
+                self.writes.release(job.lease, self.log.fields(job), "released: worker stopping")
                 return
             if not self.claimed(slot, job):
                 # Back to the loop between two hand-backs, so that however many there are,
                 # heartbeats and executors are served in between; the next claim comes at once.
                 return
+
+    def _claim_wait(self) -> float:
+        """How long the next claim may wait for a job: only while nothing runs, nothing is owed
+        to the queue and nothing is LISTENed to (the loop serves none of them while a claim
+        waits), and never past the next moment the loop has something to do."""
+        if (
+            self.long_poll <= 0
+            or self.burst
+            or self.wakeup is not None
+            or self.pool.busy()
+            or self.outbox
+        ):
+            return 0.0
+        moments = [self.next_heartbeat, self.scheduler.due_at]
+        if self.grace_deadline is not None:
+            moments.append(self.grace_deadline)
+        return max(0.0, min(self.long_poll, min(moments) - time.monotonic()))
 
     def claimed(self, slot: Slot, job: ClaimedJob | None) -> bool:
         """Start a claimed job in ``slot``; or, if the queue had none, wait for the next poll.
