@@ -356,3 +356,32 @@ def test_a_finish_the_database_lost_is_written_again_and_an_orphan_is_released(
     assert f"job {finished.id}: the database lost its recorded outcome" in warnings[0]
     assert f"job {orphan.id} is running under this worker in the database" in warnings[1]
     assert f"job {orphan.id} released for another worker" in logs.messages()
+
+
+def test_an_idle_worker_long_polls_until_its_next_heartbeat_and_not_while_a_job_runs(
+    clock: Clock,
+) -> None:
+    queue = FakeQueue(clock)
+    executors = FakeExecutors(clock)
+    worker = supervisor(queue, executors, concurrency=2, long_poll=30.0)
+    start(worker)
+
+    step_until(worker, lambda: queue.waits)
+    (claimed_at,) = [at for at, op, _ in queue.calls if op == "claim"]
+    assert queue.waits == [pytest.approx(worker.next_heartbeat - claimed_at)]  # not 30
+    assert 0 < queue.waits[0] <= worker.heartbeat_interval
+
+    # The wait was the poll: the next claim comes at once. It takes a job; while that runs, a
+    # claim for the free slot does not wait (the loop must serve the executor).
+    (job,) = queue.add(TASK)
+    worker._step()
+    assert queue.waits[1] > 0 and queue.waits[2:] == [0.0]
+    assert job.state == "done"
+
+
+def test_a_worker_with_no_long_poll_claims_without_waiting(clock: Clock) -> None:
+    queue = FakeQueue(clock)
+    worker = supervisor(queue, FakeExecutors(clock))
+    start(worker)
+    step_until(worker, lambda: queue.waits)
+    assert queue.waits == [0.0]

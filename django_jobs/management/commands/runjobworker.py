@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import checks, logs
+from django_jobs.exceptions import ApiRefused, InvalidOption
 from django_jobs.management.arguments import add_log_arguments, seconds, whole_number
+from django_jobs.worker import http_queue
 from django_jobs.worker.supervisor import Supervisor
 
 
@@ -87,10 +90,43 @@ class Command(BaseCommand):
             help="On SIGTERM, how long running jobs may go on before they are stopped and "
             "released back to the queue (default: 25, under Kubernetes' 30).",
         )
+        parser.add_argument(
+            "--api",
+            default=None,
+            metavar="URL",
+            help="Take jobs from the jobs HTTP API at URL (e.g. https://app/jobs/api/) instead of "
+            "the jobs database: the worker opens no connection to it (a job's own code may "
+            "still use the app's databases). Implies --no-listen and --no-scheduler.",
+        )
+        parser.add_argument(
+            "--token-file",
+            default=None,
+            metavar="PATH",
+            help="With --api: the file holding the API token (`manage.py createjobtoken`), read "
+            f"once at start (default: the environment variable {http_queue.TOKEN_VARIABLE}).",
+        )
+        parser.add_argument(
+            "--api-wait",
+            type=seconds(allow_zero=True),
+            default=10.0,
+            metavar="SECONDS",
+            help="With --api: how long an idle worker's claim waits on the server for a job "
+            f"(long polling; default: 10, at most {http_queue.MAX_WAIT:g}). A SIGTERM that comes "
+            "during the wait is acted on when it ends.",
+        )
         add_log_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         logs.configure(options["log_level"], options["log_format"])
+        api = options["api"]
+        if api is None and options["token_file"] is not None:
+            raise CommandError("--token-file goes with --api URL")
+        queue = None
+        if api is not None:
+            try:
+                queue = http_queue.open_queue(api, options["token_file"], os.environ)
+            except InvalidOption as exc:
+                raise CommandError(str(exc)) from None
         supervisor = Supervisor(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -99,9 +135,17 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             poll_interval=options["poll_interval"],
             grace=options["grace"],
-            listen=False if options["no_listen"] else None,
-            scheduler=not options["no_scheduler"],
+            listen=False if options["no_listen"] or queue else None,
+            scheduler=not (options["no_scheduler"] or queue),
+            db=queue,
+            long_poll=min(options["api_wait"], http_queue.MAX_WAIT) if queue else 0.0,
         )
+        if queue is not None:
+            try:
+                queue.check(supervisor.info)
+            except ApiRefused as exc:
+                queue.close()
+                raise CommandError(f"the worker cannot start: {exc}") from None
         code = supervisor.run()
         if code:
             raise CommandError("worker stopped by a second signal", returncode=code)

@@ -1,0 +1,416 @@
+"""The queue over the jobs HTTP API: what ``runjobworker --api URL`` uses instead of a database
+connection.
+
+Each call of the :class:`~django_jobs.worker.queue.Queue` protocol is one POST of the API's
+version 1 (``django_jobs.api``), with the worker's token. A lease is the opaque string the claim
+handed out, kept in ``Lease.token`` and sent back verbatim. An idle worker's claim waits on the
+server for a job (long polling), up to the ``wait`` the supervisor allows it.
+
+Errors keep the protocol's meaning: a lost lease (409, or 404 once the job was deleted) makes a
+write return ``None`` (``False`` for a release); no answer, a timeout or a server error (5xx)
+raises :class:`~django_jobs.exceptions.ApiUnreachable`, which the
+:class:`~django_jobs.worker.queue.QueueGate` backs off as an outage; any other refusal raises
+:class:`~django_jobs.exceptions.ApiRefused`, which it logs.
+
+The server does the rest itself: it settles workflows (parents, children, dependents) inside
+each finish, and recovers what its reaper finds. A worker of the API fires no periodic jobs and
+LISTENs to nothing, so settling, recovery, queue limits and schedules are nothing to do here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import json
+import logging
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from django_jobs import schedules, ticks, transitions, workflows
+from django_jobs.exceptions import ApiRefused, ApiUnreachable, InvalidOption
+from django_jobs.progress import Progress
+from django_jobs.registry import registry
+from django_jobs.states import Outcome
+from django_jobs.transitions import (
+    Beat,
+    ClaimedJob,
+    Ended,
+    HandBack,
+    Lease,
+    LeaseStatus,
+    Recorded,
+    WorkerInfo,
+)
+
+logger = logging.getLogger("django_jobs.worker")
+
+#: Seconds a request may take beyond the wait it asks of the server (a long poll).
+REQUEST_TIMEOUT = 15.0
+
+#: The longest wait of a claim the API accepts.
+MAX_WAIT = 30.0
+
+#: Where the token comes from when ``--token-file`` is not given.
+TOKEN_VARIABLE = "DJANGO_JOBS_API_TOKEN"
+
+# Errors of a kept-alive connection that the server closed while it was idle: the request never
+# reached it, and is sent again at once on a new connection.
+_STALE_CONNECTION = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+)
+
+_HINTS = {
+    401: "check the token (--token-file or DJANGO_JOBS_API_TOKEN); "
+    "`manage.py createjobtoken NAME --queues A,B` makes one",
+    403: "the token does not hold these queues: name only its queues with --queues, or make a "
+    "token that holds them",
+    404: "is --api the URL where django_jobs.api.urls is mounted (e.g. https://app/jobs/api/)?",
+}
+
+
+def read_token(path: str | None, environ: Mapping[str, str]) -> str:
+    """The API token: the content of the file at ``path``, or else of the environment variable
+    ``DJANGO_JOBS_API_TOKEN``, surrounding whitespace stripped. Raises
+    :class:`~django_jobs.exceptions.InvalidOption` with what to do if there is none."""
+    if path is None:
+        token = environ.get(TOKEN_VARIABLE, "").strip()
+        if not token:
+            raise InvalidOption(
+                f"--api needs a token: give --token-file PATH, or set {TOKEN_VARIABLE}"
+            )
+        return token
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidOption(f"cannot read the API token from {path}: {exc}") from None
+    if not token:
+        raise InvalidOption(f"the token file {path} is empty: write the API token in it")
+    return token
+
+
+class Api:
+    """POSTs of JSON to the API at ``url``, over one kept-alive connection."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidOption(
+                f"--api must be an http:// or https:// URL, e.g. https://app/jobs/api/, got {url!r}"
+            )
+        self.url = url
+        self.https = parts.scheme == "https"
+        self.netloc = parts.netloc.rpartition("@")[2]
+        self.base_path = parts.path.rstrip("/") + "/"
+        self.token = token
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self.broken = False
+
+    def post(self, path: str, body: dict[str, Any], *, wait: float = 0.0) -> tuple[int, Any]:
+        """POST ``body`` to ``path`` (below the API's URL); return the status and the decoded
+        answer (``None`` for no content). 2xx, 404 and 409 are returned; anything else raises."""
+        data = json.dumps(body).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Authorization": f"Bearer {self.token}",
+        }
+        try:
+            status, raw = self._send(self.base_path + path, data, headers, wait)
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            self.broken = True
+            reason = str(exc) or type(exc).__name__
+            raise ApiUnreachable(f"API unreachable at {self.url}: {reason}") from exc
+        self.broken = False
+        if status >= 500:
+            raise ApiUnreachable(f"API at {self.url} answered {status} to {path}: {_error(raw)}")
+        if status < 300 or status in (404, 409):
+            return status, _decoded(raw, status, path)
+        hint = _HINTS.get(status)
+        raise ApiRefused(
+            f"the jobs API refused {path} ({status}): {_error(raw)}"
+            + (f"; {hint}" if hint else ""),
+            status,
+        )
+
+    def _send(
+        self, path: str, data: bytes, headers: dict[str, str], wait: float
+    ) -> tuple[int, bytes]:
+        for fresh in (self._conn is None, True):
+            conn = self._connection(wait)
+            try:
+                conn.request("POST", path, body=data, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+            except _STALE_CONNECTION:
+                self.close()
+                if fresh:
+                    raise
+                continue
+            if response.will_close:
+                self.close()
+            return response.status, raw
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _connection(self, wait: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            self._conn = kind(self.netloc, timeout=self.timeout)
+        # The socket's timeout covers the wait the server was asked for, and a margin.
+        self._conn.timeout = self.timeout + wait
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(self.timeout + wait)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _decoded(raw: bytes, status: int, path: str) -> Any:
+    if status == 204 or not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ApiRefused(
+            f"the jobs API answered {status} to {path} with something not JSON: {raw[:200]!r}; "
+            f"{_HINTS[404]}",
+            status,
+        ) from None
+
+
+def _error(raw: bytes) -> str:
+    """The ``error`` of an error answer, or the start of whatever came instead."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return raw[:200].decode("utf-8", "replace") or "no details"
+    if isinstance(answer, dict) and "error" in answer:
+        field = answer.get("field")
+        return f"{answer['error']}" + (f" (field {field})" if field else "")
+    return str(answer)[:200]
+
+
+_FINISH_OPTIONS = ("result_json", "error", "traceback", "retryable", "retry_delay")
+
+
+def finish_body(lease: Lease, outcome: str, **options: Any) -> dict[str, Any]:
+    """The body of ``v1/jobs/<id>/finish`` for the supervisor's finish of ``lease`` (the keyword
+    arguments of :func:`django_jobs.transitions.finish`)."""
+    unknown = set(options) - set(_FINISH_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown options of the end of an attempt: {', '.join(sorted(unknown))}")
+    body: dict[str, Any] = {
+        "lease": lease.token,
+        "outcome": outcome,
+        "error": options.get("error", ""),
+        "traceback": options.get("traceback", ""),
+        "retry": bool(options.get("retryable", True)),
+        "retry_after": max(0.0, float(options.get("retry_delay", 0.0))),
+    }
+    result_json = options.get("result_json")
+    if outcome == Outcome.DONE and result_json is not None:
+        body["result"] = json.loads(result_json)
+    return body
+
+
+def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
+    """The claimed job of a claim's answer."""
+    return ClaimedJob(
+        lease=Lease(job["id"], job["attempt"], worker_id, job["lease"]),
+        attempt_id=0,  # the API does not say, and a worker does not need it
+        task=job["task"],
+        queue=job["queue"],
+        args_json=json.dumps(job["args"]),
+        kwargs_json=json.dumps(job["kwargs"]),
+        max_attempts=job["max_attempts"],
+        timeout=job["timeout"],
+        parent_id=job["parent_id"],
+    )
+
+
+def beat(worker_id: str, answer: dict[str, Any]) -> Beat:
+    """The :class:`~django_jobs.transitions.Beat` of a batch heartbeat's answer."""
+    leases = {
+        lease: LeaseStatus(status["job_id"], bool(status["held"]), bool(status["cancel_requested"]))
+        for lease, status in answer["leases"].items()
+    }
+    orphans = [
+        Lease(orphan["job_id"], orphan["attempt"], worker_id, orphan["lease"])
+        for orphan in answer["orphans"]
+    ]
+    return Beat(leases, orphans)
+
+
+def open_queue(url: str, token_file: str | None, environ: Mapping[str, str]) -> HttpQueue:
+    """The queue of a worker of the API at ``url``, with the token of ``token_file`` (or of the
+    environment), for the tasks registered in this process."""
+    return HttpQueue(Api(url, read_token(token_file, environ)), registry.names())
+
+
+class HttpQueue:
+    """:class:`~django_jobs.worker.queue.Queue` over the jobs HTTP API. Claims ask only for
+    ``tasks`` (the worker's registered tasks): the server never hands out a job whose task the
+    worker lacks."""
+
+    label = "API"
+
+    def __init__(self, api: Api, tasks: Sequence[str]) -> None:
+        self.api = api
+        self.tasks = list(tasks)
+
+    def trouble(self, exc: BaseException) -> str:
+        return "API unreachable" if isinstance(exc, ApiUnreachable) else "API error"
+
+    @property
+    def broken(self) -> bool:
+        return self.api.broken
+
+    def _post(self, path: str, body: dict[str, Any], *, wait: float = 0.0) -> tuple[int, Any]:
+        status, answer = self.api.post(path, body, wait=wait)
+        if status == 404:
+            raise ApiRefused(f"the jobs API has no {path} (404); {_HINTS[404]}", status)
+        return status, answer
+
+    def _job_call(self, lease: Lease, action: str, body: dict[str, Any]) -> Any:
+        """POST to ``v1/jobs/<id>/<action>``; ``None`` if the lease was lost (409) or the job
+        deleted (404)."""
+        status, answer = self.api.post(
+            f"v1/jobs/{lease.job_id}/{action}", {"lease": lease.token, **body}
+        )
+        return None if status in (404, 409) else answer
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
+    ) -> ClaimedJob | None:
+        wait = round(min(max(wait, 0.0), MAX_WAIT), 3)
+        body: dict[str, Any] = {
+            "worker": worker_id,
+            "tasks": [task for task in self.tasks if task not in skip_tasks],
+            "wait": wait,
+        }
+        if queues:
+            body["queues"] = list(queues)
+        status, answer = self._post("v1/claim", body, wait=wait)
+        if status == 204 or answer is None:
+            return None
+        return claimed_job(worker_id, answer["job"])
+
+    def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None:
+        answer = self._job_call(lease, "finish", finish_body(lease, outcome, **options))
+        if answer is None:
+            return None
+        # The server has settled the job's workflow already: nothing for the worker to follow.
+        return Ended(lease.job_id, answer["state"], parent_id=None, has_dependents=False)
+
+    def finish_and_claim(
+        self,
+        lease: Lease,
+        outcome: str,
+        queues: Sequence[str],
+        skip_tasks: Sequence[str],
+        **options: Any,
+    ) -> tuple[Ended | None, ClaimedJob | None]:
+        ended = self.finish(lease, outcome, **options)
+        try:
+            claimed = self.claim(lease.worker_id, queues, skip_tasks)
+        except ApiUnreachable:
+            # The finish is recorded; the next claim, from the loop, meets the outage.
+            claimed = None
+        return ended, claimed
+
+    def attempt_outcome(self, lease: Lease) -> str | None:
+        answer = self._job_call(lease, "outcome", {})
+        return None if answer is None or answer["outcome"] is None else str(answer["outcome"])
+
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+        body = {
+            "progress": None
+            if progress is None
+            else {"done": progress.done, "total": progress.total, "message": progress.message},
+            "log": log,
+        }
+        answer = self._job_call(lease, "progress", body)
+        if answer is None:
+            return Recorded(False, False)
+        return Recorded(bool(answer["progress"]), bool(answer["log"]))
+
+    def release(self, lease: Lease, reason: str) -> bool:
+        return self._job_call(lease, "release", {"reason": reason}) is not None
+
+    def hand_back(
+        self,
+        lease: Lease,
+        task: str,
+        *,
+        give_up_after: float,
+        worker_timeout: float,
+        seen_since: datetime.datetime | None,
+    ) -> HandBack | None:
+        # Rare: the server hands out only the tasks a claim lists. A release does not count the
+        # attempt either; the server's reaper decides when nobody has the task.
+        reason = f"waiting for a worker that has registered task {task!r}"
+        if not self.release(lease, reason):
+            return None
+        now = datetime.datetime.now(datetime.UTC)
+        return HandBack(transitions.HANDED_BACK, seen_since or now)
+
+    def settle(self, settling: workflows.Settling, until: float) -> None:
+        # The server settled the workflow inside the finish.
+        settling.todo.clear()
+        settling.later.clear()
+
+    def heartbeat(
+        self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
+    ) -> Beat:
+        body = {
+            "worker": worker.id,
+            "leases": [lease.token for lease in leases],
+            "unwritten": list(unwritten),
+            "info": {
+                "name": worker.name,
+                "host": worker.host,
+                "pid": worker.pid,
+                "concurrency": worker.concurrency,
+                "queues": worker.queues,
+                "tasks": worker.tasks,
+                "pod": worker.pod,
+            },
+        }
+        _, answer = self._post("v1/heartbeat", body)
+        return beat(worker.id, answer)
+
+    def check(self, worker: WorkerInfo) -> None:
+        """Before the worker starts: a first heartbeat, which raises
+        :class:`~django_jobs.exceptions.ApiRefused` if the API refuses the token or the URL
+        (an outage is left to the worker, which waits it out)."""
+        try:
+            self.heartbeat(worker, [], [])
+        except ApiUnreachable as exc:
+            logger.warning("%s; the worker starts, and tries again", exc)
+
+    def recover_earlier_boots(self, worker: WorkerInfo) -> None:
+        pass  # the server's reaper recovers a silent worker's jobs
+
+    def sync_queue_limits(self) -> None:
+        pass  # JOBS_QUEUE_LIMITS are the server's settings
+
+    def unregister(self, worker_id: str) -> None:
+        pass  # the API has no endpoint for it: the row goes once the worker is silent
+
+    def sync_schedules(self) -> schedules.SyncReport:
+        raise NotImplementedError("a worker of the API fires no periodic jobs")
+
+    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
+        raise NotImplementedError("a worker of the API fires no periodic jobs")
+
+    def close(self) -> None:
+        self.api.close()

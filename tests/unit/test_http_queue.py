@@ -1,0 +1,269 @@
+"""The queue over the HTTP API, against a scripted server in a thread: what each call of the
+Queue protocol sends, and what it makes of each answer (the real server: tests/system/
+test_api_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_jobs.exceptions import ApiRefused, ApiUnreachable, InvalidOption
+from django_jobs.progress import Progress
+from django_jobs.transitions import Lease, WorkerInfo
+from django_jobs.worker.connection import is_connection_fatal
+from django_jobs.worker.http_queue import Api, HttpQueue, read_token
+
+LEASE = Lease(7, 2, "w:1:abc", "opaque-lease")
+
+
+class ScriptedApi:
+    """An HTTP server that answers each POST with the next (status, body) of ``answers`` and
+    keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, Any]] = []
+        self.requests: list[tuple[str, dict[str, str], Any]] = []
+        self.close_after_answer = False
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.requests.append((self.path, dict(self.headers), body))
+                status, answer = api.answers.pop(0)
+                data = b"" if answer is None else json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                self.close_connection = api.close_after_answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jobs/api/"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def sent(self) -> tuple[str, Any]:
+        path, _, body = self.requests[-1]
+        return path, body
+
+
+@pytest.fixture
+def api() -> Iterator[ScriptedApi]:
+    scripted = ScriptedApi()
+    yield scripted
+    scripted.server.shutdown()
+    scripted.server.server_close()
+
+
+@pytest.fixture
+def queue(api: ScriptedApi) -> Iterator[HttpQueue]:
+    http_queue = HttpQueue(Api(api.url, "secret-token"), ["tests.echo", "tests.sleep"])
+    yield http_queue
+    http_queue.close()
+
+
+def test_a_claim_asks_for_the_workers_tasks_and_queues_and_maps_the_job(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    job = {
+        "id": 7,
+        "task": "tests.echo",
+        "queue": "default",
+        "args": [1, "a"],
+        "kwargs": {"flag": True},
+        "attempt": 2,
+        "max_attempts": 3,
+        "timeout": 60,
+        "parent_id": None,
+        "lease": "opaque-lease",
+    }
+    api.answers = [(200, {"job": job}), (204, None)]
+
+    claimed = queue.claim("w:1:abc", ["default"], ["tests.sleep"], wait=4.5)
+
+    path, headers, body = api.requests[0]
+    assert path == "/jobs/api/v1/claim"
+    assert headers["Authorization"] == "Bearer secret-token"
+    assert body == {
+        "worker": "w:1:abc",
+        "queues": ["default"],
+        "tasks": ["tests.echo"],
+        "wait": 4.5,
+    }
+    assert claimed is not None
+    assert claimed.lease == LEASE
+    assert (claimed.task, claimed.queue, claimed.max_attempts, claimed.timeout) == (
+        "tests.echo",
+        "default",
+        3,
+        60,
+    )
+    assert json.loads(claimed.args_json) == [1, "a"]
+    assert json.loads(claimed.kwargs_json) == {"flag": True}
+    # Every queue the token holds: no "queues"; nothing ready within the wait: None.
+    assert queue.claim("w:1:abc", [], []) is None
+    assert "queues" not in api.sent()[1] and api.sent()[1]["wait"] == 0.0
+
+
+def test_a_finish_sends_the_outcome_and_the_retry_policy(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [(200, {"state": "done"}), (200, {"state": "pending"})]
+
+    ended = queue.finish(LEASE, "done", result_json='{"a": [1, 2]}', error="", traceback="")
+    assert api.sent() == (
+        "/jobs/api/v1/jobs/7/finish",
+        {
+            "lease": "opaque-lease",
+            "outcome": "done",
+            "result": {"a": [1, 2]},
+            "error": "",
+            "traceback": "",
+            "retry": True,
+            "retry_after": 0.0,
+        },
+    )
+    assert ended is not None and ended.state == "done" and not ended.needs_settling
+
+    ended = queue.finish(
+        LEASE, "error", error="ValueError: x", traceback="Tb", retryable=True, retry_delay=2.5
+    )
+    body = api.sent()[1]
+    assert "result" not in body
+    assert (body["outcome"], body["error"], body["retry"], body["retry_after"]) == (
+        "error",
+        "ValueError: x",
+        True,
+        2.5,
+    )
+    assert ended is not None and ended.state == "pending"
+
+
+def test_a_lost_lease_or_a_deleted_job_changes_nothing_and_raises_nothing(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    lost = (409, {"error": "lease lost", "field": "lease"})
+    api.answers = [lost, lost, lost, (404, {"error": "no such job", "field": None}), lost]
+
+    assert queue.finish(LEASE, "done") is None
+    assert queue.release(LEASE, "released at worker shutdown") is False
+    assert queue.record_live(LEASE, Progress(7, 1, 2, "half"), "log") == (False, False)
+    assert queue.attempt_outcome(LEASE) is None
+    assert (
+        queue.hand_back(LEASE, "tests.echo", give_up_after=60, worker_timeout=60, seen_since=None)
+        is None
+    )
+
+
+def test_progress_release_and_outcome_are_sent_with_the_lease(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [
+        (200, {"progress": True, "log": False}),
+        (200, {"released": True}),
+        (200, {"outcome": "done"}),
+    ]
+    assert queue.record_live(LEASE, Progress(7, 3, None, "three"), None) == (True, False)
+    assert api.sent() == (
+        "/jobs/api/v1/jobs/7/progress",
+        {
+            "lease": "opaque-lease",
+            "progress": {"done": 3, "total": None, "message": "three"},
+            "log": None,
+        },
+    )
+    assert queue.release(LEASE, "why") is True
+    assert api.sent() == ("/jobs/api/v1/jobs/7/release", {"lease": "opaque-lease", "reason": "why"})
+    assert queue.attempt_outcome(LEASE) == "done"
+
+
+def test_a_heartbeat_reports_leases_by_their_token_and_orphans_as_leases(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    worker = WorkerInfo("w:1:abc", "w", "host", 1, ["default"], 2, "", ["tests.echo"])
+    api.answers = [
+        (
+            200,
+            {
+                "leases": {"opaque-lease": {"job_id": 7, "held": True, "cancel_requested": True}},
+                "orphans": [{"job_id": 9, "attempt": 1, "lease": "other"}],
+            },
+        )
+    ]
+    beat = queue.heartbeat(worker, [LEASE], [8])
+
+    path, body = api.sent()
+    assert path == "/jobs/api/v1/heartbeat"
+    assert body["worker"] == "w:1:abc" and body["leases"] == ["opaque-lease"]
+    assert body["unwritten"] == [8] and body["info"]["concurrency"] == 2
+    status = beat.leases["opaque-lease"]
+    assert (status.job_id, status.held, status.cancel_requested) == (7, True, True)
+    assert beat.orphans == [Lease(9, 1, "w:1:abc", "other")]
+
+
+def test_a_refused_token_raises_a_clear_error_and_is_no_outage(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [(401, {"error": "invalid token", "field": None})]
+    with pytest.raises(
+        ApiRefused, match=r"refused v1/claim \(401\): invalid token.*createjobtoken"
+    ):
+        queue.claim("w:1:abc", [], [])
+    assert not queue.broken
+
+
+def test_server_errors_and_no_server_are_outages(api: ScriptedApi, queue: HttpQueue) -> None:
+    api.answers = [(503, {"error": "down", "field": None})]
+    with pytest.raises(ApiUnreachable) as raised:
+        queue.claim("w:1:abc", [], [])
+    assert is_connection_fatal(raised.value)
+    assert queue.trouble(raised.value) == "API unreachable"
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    nobody = HttpQueue(Api(f"http://127.0.0.1:{port}/jobs/api/", "t"), [])
+    with pytest.raises(ApiUnreachable, match="API unreachable at"):
+        nobody.claim("w:1:abc", [], [])
+    assert nobody.broken
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    # As uvicorn does with a kept-alive connection idle for 5 s: closed without a word.
+    api.close_after_answer = True
+    api.answers = [(200, {"released": True}), (200, {"released": True})]
+    assert queue.release(LEASE, "one")
+    assert queue.release(LEASE, "two")
+    assert [body["reason"] for _, _, body in api.requests] == ["one", "two"]
+    assert not queue.broken
+
+
+def test_the_token_comes_from_its_file_or_the_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("  abc123\n")
+    assert read_token(str(token_file), {}) == "abc123"
+    assert read_token(None, {"DJANGO_JOBS_API_TOKEN": " xyz \n"}) == "xyz"
+    with pytest.raises(InvalidOption, match="give --token-file PATH, or set DJANGO_JOBS_API_TOKEN"):
+        read_token(None, {})
+    with pytest.raises(InvalidOption, match="cannot read the API token from"):
+        read_token(str(tmp_path / "missing"), {})
+    token_file.write_text("\n")
+    with pytest.raises(InvalidOption, match="is empty"):
+        read_token(str(token_file), {})
+    with pytest.raises(InvalidOption, match="http:// or https://"):
+        Api("app/jobs/api/", "t")
