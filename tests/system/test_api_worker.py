@@ -1,0 +1,195 @@
+"""``runjobworker --api``: real workers of the HTTP API, served by uvicorn on the test database,
+run jobs as database-connected workers do, with no connection to the jobs database."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from django_jobs.models import Job, Worker
+from testproject.testjobs.jobs import crash, echo, record, retry_then_succeed, sleep
+from testproject.testjobs.models import Execution
+from tests.conftest import ROOT, WorkerProcess, connect, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {
+    "JOBS_HEARTBEAT_INTERVAL": "0.5",
+    "JOBS_WORKER_TIMEOUT": "3",
+    "JOBS_KILL_GRACE": "1",
+    "JOBS_POLL_INTERVAL": "0.2",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def api_url(worker_env: dict[str, str]) -> Iterator[str]:
+    """The HTTP API, served by uvicorn on the test database."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "testproject.asgi:application", "--port", str(port)],
+        cwd=ROOT,
+        env={**worker_env, **FAST},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def listening() -> bool:
+        assert server.poll() is None, server.communicate()[0]
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, timeout=30)
+        yield f"http://127.0.0.1:{port}/jobs/api/"
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    """A file holding a token for every queue."""
+    from django_jobs.api import tokens
+
+    _, secret = tokens.create(f"t-{uuid.uuid4().hex[:8]}", ["*"])
+    path = tmp_path / "token"
+    path.write_text(secret + "\n")
+    return path
+
+
+@pytest.fixture
+def start_api_worker(
+    start_worker: Callable[..., WorkerProcess], api_url: str, token_file: Path
+) -> Callable[..., WorkerProcess]:
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        options = ["--api", api_url, "--token-file", str(token_file)]
+        return start_worker(*options, *args, env={**FAST, **(env or {})})
+
+    return start
+
+
+def state_of(job: Job) -> str:
+    job.refresh_from_db()
+    return job.state
+
+
+def jobs_database_sessions_of(worker: WorkerProcess) -> list[tuple[str, str]]:
+    """The sessions named after the worker's id: those of a database-connected supervisor (its
+    queue connection, its LISTEN)."""
+    with connect() as observer:
+        rows = observer.execute(
+            "SELECT application_name, state FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE %s",
+            [worker.name + ":%"],
+        ).fetchall()
+    return [(str(name), str(state)) for name, state in rows]
+
+
+def test_an_api_worker_runs_the_standard_mix_without_a_jobs_database_connection(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    ok = echo.enqueue(1, "a", flag=True)
+    flaky = retry_then_succeed.enqueue(succeed_on=2)
+    slow = sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    doomed = crash.using(max_attempts=1).enqueue()
+    uses_db = record.enqueue(note="through the app's database", seconds=1)
+
+    worker = start_api_worker("--concurrency", "2")
+    try:
+        wait_for(lambda: state_of(uses_db) == "running", timeout=30)
+        assert jobs_database_sessions_of(worker) == []
+        jobs = (ok, flaky, slow, doomed, uses_db)
+        wait_for(lambda: all(state_of(j) in ("done", "error") for j in jobs), timeout=45)
+        assert jobs_database_sessions_of(worker) == []
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+
+    ok.refresh_from_db()
+    assert ok.state == "done" and ok.result == {"args": [1, "a"], "kwargs": {"flag": True}}
+    flaky.refresh_from_db()
+    assert (flaky.state, flaky.result, flaky.attempt) == ("done", 2, 2)
+    assert [a.outcome for a in flaky.attempts.order_by("number")] == ["error", "done"]
+    assert "attempt 1 fails on purpose" in flaky.attempts.order_by("number")[0].error
+    slow.refresh_from_db()
+    assert (slow.state, slow.attempt) == ("error", 1)
+    assert slow.attempts.get().outcome == "timeout"
+    doomed.refresh_from_db()
+    assert (doomed.state, doomed.attempt) == ("error", 1)
+    assert doomed.attempts.get().outcome == "crashed"
+    uses_db.refresh_from_db()
+    assert uses_db.state == "done"
+    assert Execution.objects.filter(job_id=uses_db.pk, note="through the app's database").exists()
+    assert f"job {ok.pk} done" in worker.output
+
+
+def test_cancelling_a_job_an_api_worker_runs_stops_it_within_a_heartbeat(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    job = sleep.using(max_attempts=3).enqueue(60)
+    worker = start_api_worker()
+    try:
+        wait_for(lambda: state_of(job) == "running", timeout=30)
+        assert job.cancel() == "running"
+        wait_for(lambda: state_of(job) == "cancelled", timeout=10)
+        assert (job.attempt, job.attempts.get().outcome) == (1, "cancelled")
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+
+
+def test_sigterm_releases_a_long_job_of_an_api_worker_without_using_up_an_attempt(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    job = sleep.using(max_attempts=1).enqueue(60)
+    worker = start_api_worker("--grace", "1")
+    wait_for(lambda: state_of(job) == "running", timeout=30)
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    assert time.monotonic() - started < 8
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
+    assert job.attempts.get().outcome == "released"
+
+
+def test_sigterm_stops_an_idle_api_worker_within_its_long_poll(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    # A heartbeat every 10 s: the claim long-polls for the whole --api-wait.
+    worker = start_api_worker("--api-wait", "3", env={"JOBS_HEARTBEAT_INTERVAL": "10"})
+    wait_for(lambda: Worker.objects.filter(id__contains=worker.name).exists(), timeout=30)
+    time.sleep(1)  # the scenario: well into a long poll
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    assert time.monotonic() - started < 5
+    # A job enqueued now was not claimed by the stopping worker.
+    job = echo.enqueue()
+    assert state_of(job) == "pending"
+
+
+def test_a_refused_token_stops_the_worker_at_start_with_what_to_do(
+    start_worker: Callable[..., WorkerProcess], api_url: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "token"
+    bad.write_text("not-a-token")
+    worker = start_worker("--api", api_url, "--token-file", str(bad))
+    assert worker.wait(timeout=30) != 0
+    assert "the worker cannot start" in worker.output and "401" in worker.output
+    assert "createjobtoken" in worker.output
