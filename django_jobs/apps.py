@@ -18,11 +18,25 @@ class DjangoJobsConfig(AppConfig):
 
         # Import every installed app's jobs.py so that its @job functions are registered.
         autodiscover_modules("jobs")
+        _declare_remote_tasks()
         # A @task function of Django's Tasks framework is registered when its module is
         # imported (JobsBackend.validate_task): import tasks.py too, but only where django-jobs
         # is the framework's backend, so that other task libraries' tasks.py stay untouched.
         if _serves_tasks_framework():
             autodiscover_modules("tasks")
+
+
+def _declare_remote_tasks() -> None:
+    """Declare the tasks of ``JOBS_REMOTE_TASKS``; a bad entry stops the app from starting."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_jobs.exceptions import InvalidOption
+    from django_jobs.registry import declare_remote_tasks
+
+    try:
+        declare_remote_tasks(conf.remote_tasks())
+    except InvalidOption as error:
+        raise ImproperlyConfigured(str(error)) from None
 
 
 def _serves_tasks_framework() -> bool:

@@ -341,3 +341,24 @@ def queue_limits() -> dict[str, int]:
     :func:`django_jobs.queues.check_limits`."""
     value = _get("JOBS_QUEUE_LIMITS", {})
     return dict(value) if isinstance(value, dict) else value
+
+
+def remote_tasks() -> Any:
+    """``JOBS_REMOTE_TASKS``: tasks run by workers of the HTTP API, declared here so that their
+    jobs are checked at enqueue like any other: ``{"ml.train": {"queue": "gpu", "timeout":
+    7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit). Default
+    ``{}``. See :func:`django_jobs.registry.remote_job`."""
+    return _get("JOBS_REMOTE_TASKS", {})
+
+
+def api_connections() -> int:
+    """``JOBS_API_CONNECTIONS``: the database connections one process serving the HTTP API
+    uses for its statements (claims, finishes, heartbeats, enqueues); it holds one more for its
+    LISTEN. Default 4."""
+    return max(1, int(_get("JOBS_API_CONNECTIONS", 4)))
+
+
+def api_max_wait() -> float:
+    """``JOBS_API_MAX_WAIT``: the longest ``wait`` of a claim over the HTTP API, in seconds.
+    Default 30; keep it under the proxy's and the ASGI server's request timeouts."""
+    return float(_get("JOBS_API_MAX_WAIT", 30.0))

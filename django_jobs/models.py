@@ -440,3 +440,4 @@ class Dashboard(Job):
 
 from django_jobs.queue_models import Queue  # noqa: E402, F401
 from django_jobs.schedule_models import Schedule, ScheduleTick  # noqa: E402, F401
+from django_jobs.token_models import ApiToken  # noqa: E402, F401

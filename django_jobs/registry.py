@@ -55,6 +55,8 @@ class Task:
     runner: Runner | None = None
     # A cron expression: the task also runs periodically, as the schedule named after it.
     schedule: str | None = None
+    # Declared here and run elsewhere, by workers of the HTTP API (see remote_job()).
+    remote: bool = False
     # At most this many running jobs share a concurrency key (the call's, else the task's name).
     concurrency_limit: int | None = None
     # Per-call options, set through using():
@@ -304,6 +306,26 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def local_names(self) -> list[str]:
+        """The tasks a worker of this app runs itself: all but the remote ones."""
+        return sorted(name for name, task in self._tasks.items() if not task.remote)
+
+    def remote_names(self) -> list[str]:
+        """The tasks that workers of the HTTP API run (see :func:`remote_job`)."""
+        return sorted(name for name, task in self._tasks.items() if task.remote)
+
+    def runs_here(self, name: str) -> bool:
+        """Whether a worker of this app has the function of task ``name``."""
+        task = self._tasks.get(name)
+        return task is not None and not task.remote
+
+
+def _served_remotely(*args: Any, **kwargs: Any) -> Any:
+    raise JobsError(
+        "this task is declared with remote_job() or JOBS_REMOTE_TASKS: workers of the HTTP API"
+        " run it, and this process has no function for it"
+    )
+
 
 def _origin(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
@@ -374,3 +396,61 @@ def job(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+def remote_job(
+    name: str,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timeout: int | None = None,
+    concurrency_limit: int | None = None,
+) -> Task:
+    """Declare a task that workers of the HTTP API run (in another language, another cluster),
+    so that its jobs can be enqueued here, checked like any other: ``remote_job("ml.train",
+    queue="gpu", timeout=7200)``. Enqueue it with ``enqueue("ml.train", args, kwargs)`` or the
+    returned task's ``enqueue()``. Database-connected workers never claim its jobs.
+    ``JOBS_REMOTE_TASKS`` declares the same from the settings."""
+    if not isinstance(name, str) or not name or len(name) > 200 or unstorable(name):
+        raise InvalidOption(f"a remote task needs a name of 1 to 200 characters, not {name!r}")
+    task = Task(
+        func=_served_remotely,
+        name=name,
+        queue=queue or conf.default_queue(),
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        concurrency_limit=concurrency_limit,
+        remote=True,
+    )
+    return registry.register(task)
+
+
+#: The options a remote task takes, in ``JOBS_REMOTE_TASKS`` as in :func:`remote_job`.
+REMOTE_OPTIONS = frozenset({"queue", "priority", "max_attempts", "timeout", "concurrency_limit"})
+
+
+def declare_remote_tasks(declared: Mapping[str, Any]) -> list[Task]:
+    """Declare the tasks of ``JOBS_REMOTE_TASKS`` (``{"ml.train": {"queue": "gpu"}}``); raise
+    :class:`InvalidOption` naming the first bad entry."""
+    if not isinstance(declared, Mapping):
+        raise InvalidOption(
+            f"JOBS_REMOTE_TASKS must be a dict of task name to options, not {declared!r}"
+        )
+    tasks = []
+    for name, options in declared.items():
+        options = {} if options is None else options
+        if not isinstance(options, Mapping):
+            raise InvalidOption(f"JOBS_REMOTE_TASKS[{name!r}] must be a dict of options")
+        unknown = sorted(set(options) - REMOTE_OPTIONS)
+        if unknown:
+            raise InvalidOption(
+                f"JOBS_REMOTE_TASKS[{name!r}] has unknown option(s) {', '.join(unknown)};"
+                f" it takes {', '.join(sorted(REMOTE_OPTIONS))}"
+            )
+        try:
+            tasks.append(remote_job(name, **options))
+        except InvalidOption as error:
+            raise InvalidOption(f"JOBS_REMOTE_TASKS[{name!r}]: {error}") from None
+    return tasks

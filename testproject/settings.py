@@ -88,6 +88,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 JOBS_QUEUES = ["default", "reports", "imports"]
 
+# A task that workers of the HTTP API run (examples/curl-worker.sh): declared here, so that its
+# jobs can be enqueued and are checked; database-connected workers never claim them.
+JOBS_REMOTE_TASKS = {"remote.upper": {"queue": "remote", "timeout": 60}}
+
 # Django's Tasks framework, served by django-jobs (testproject/testjobs/tasks.py). Retries are
 # quick so that the tests can watch them.
 TASKS = {
@@ -119,6 +123,8 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_ATTEMPT_LOG_BYTES", int),
     ("JOBS_CAPTURE_LOG_LEVEL", str),
     ("JOBS_QUEUE_LIMITS", json.loads),
+    ("JOBS_API_CONNECTIONS", int),
+    ("JOBS_API_MAX_WAIT", float),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

@@ -47,10 +47,12 @@ from django_jobs.admin.listing import (
 )
 from django_jobs.admin.queues import QueueAdmin
 from django_jobs.admin.schedules import ScheduleAdmin
+from django_jobs.admin.tokens import ApiTokenAdmin
 from django_jobs.models import Dashboard, Job
 
 __all__ = [
     "MAX_JOB_ID",
+    "ApiTokenAdmin",
     "AttemptInline",
     "CreatedFilter",
     "DashboardAdmin",

@@ -253,7 +253,7 @@ def beat(worker_id: str, answer: dict[str, Any]) -> Beat:
 def open_queue(url: str, token_file: str | None, environ: Mapping[str, str]) -> HttpQueue:
     """The queue of a worker of the API at ``url``, with the token of ``token_file`` (or of the
     environment), for the tasks registered in this process."""
-    return HttpQueue(Api(url, read_token(token_file, environ)), registry.names())
+    return HttpQueue(Api(url, read_token(token_file, environ)), registry.local_names())
 
 
 class HttpQueue:

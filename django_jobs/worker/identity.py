@@ -44,5 +44,5 @@ def this_worker(worker_id: str, name: str, queues: Sequence[str], concurrency: i
         queues=list(queues),
         concurrency=concurrency,
         pod=os.environ.get("POD_NAME", ""),
-        tasks=registry.names(),
+        tasks=registry.local_names(),
     )

@@ -238,7 +238,8 @@ class Supervisor:
             slot = self.pool.free_slot()
             if slot is None:
                 return
-            skip = self.unknown_tasks.skip()
+            # Tasks declared for workers of the HTTP API are never claimed here.
+            skip = [*self.unknown_tasks.skip(), *registry.remote_names()]
             wait = self._claim_wait()
             job = self.gate.call(
                 "claim",
@@ -284,7 +285,7 @@ class Supervisor:
             self.queue_may_have_work = False
             self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
             return True
-        if job.task not in registry:
+        if not registry.runs_here(job.task):
             # Never hand an executor a name it would have to import. A worker that has the task
             # may exist (a rolling deploy): hand the job back without counting the attempt.
             self.writes.hand_back(job)

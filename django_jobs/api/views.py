@@ -1,0 +1,266 @@
+"""The endpoints of API v1 (the contract is docs/http-api.md).
+
+Each view is asynchronous: a request that waits for work holds no thread and no connection.
+What it needs of the database runs in the API's pool (:mod:`django_jobs.api.pool`); every
+check comes first, so a request refused with a 4xx has written nothing. No endpoint imports
+anything a request names: a task is looked up in the registry, or refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from django_jobs import conf
+from django_jobs.api import operations, pool, protocol
+from django_jobs.api.protocol import ApiError
+from django_jobs.api.tokens import Grant, cache
+from django_jobs.api.waiting import dispatcher
+from django_jobs.progress import BadProgress, Progress, checked
+from django_jobs.registry import registry
+from django_jobs.token_models import ALL_QUEUES
+
+logger = logging.getLogger("django_jobs.api")
+
+Answer = tuple[int, dict[str, Any] | None]
+Handler = Callable[..., Awaitable[Answer]]
+
+
+def endpoint(handler: Handler) -> Any:
+    """A view: POST only, a valid token, a JSON object in; JSON (or 204) out."""
+
+    @csrf_exempt
+    @functools.wraps(handler)
+    async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        try:
+            if request.method != "POST":
+                raise ApiError(405, "use POST")
+            grant = await _authenticate(request)
+            body = _body(request)
+            status, data = await handler(request, grant, body, **kwargs)
+        except ApiError as error:
+            response: HttpResponse = JsonResponse(error.body(), status=error.status)
+            if error.status == 401:
+                response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
+            return response
+        except DatabaseError as error:
+            logger.warning("API request failed on the database: %s", error)
+            return JsonResponse(
+                {"error": "the job database is unavailable; try again", "field": None}, status=503
+            )
+        if data is None:
+            return HttpResponse(status=status)
+        return JsonResponse(data, status=status)
+
+    return view
+
+
+async def _authenticate(request: HttpRequest) -> Grant:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "send Authorization: Bearer <token>")
+    grant = cache.peek(token.strip())
+    if grant is cache.MISS:
+        grant = await pool.run(cache.lookup, token.strip())
+    if grant is None:
+        raise ApiError(401, "unknown or revoked token")
+    assert isinstance(grant, Grant)
+    return grant
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > protocol.max_body_bytes():
+        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes")
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes") from None
+    return protocol.parse_body(raw)
+
+
+def _queues(grant: Grant, body: dict[str, Any]) -> list[str] | None:
+    """The queues a claim serves (None: every queue), each held by the token."""
+    queues = protocol.strings(body, "queues")
+    if queues is None:
+        return None if grant.all_queues else list(grant.queues)
+    if ALL_QUEUES in queues:
+        if not grant.all_queues:
+            raise ApiError(403, "this token does not hold every queue", "queues")
+        return None
+    for queue in queues:
+        if not grant.holds(queue):
+            raise ApiError(403, f"this token does not hold queue {queue!r}", "queues")
+    return queues
+
+
+def _client(request: HttpRequest) -> str:
+    return str(request.META.get("REMOTE_ADDR") or "")
+
+
+# ---------------------------------------------------------------------- claim
+
+
+@endpoint
+async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
+    worker = protocol.worker(body)
+    queues = _queues(grant, body)
+    tasks = protocol.strings(body, "tasks")
+    wait = protocol.seconds(body, "wait", 0.0, conf.api_max_wait())
+    skip = [] if tasks is None else sorted(set(registry.names()) - set(tasks))
+    info = operations.worker_info(
+        grant.worker_prefix + worker, _client(request), queues, name=worker, tasks=tasks
+    )
+    if wait <= 0:
+        job = await pool.run(operations.claim, info, queues, skip)
+        return (204, None) if job is None else (200, protocol.claimed(job))
+    deadline = time.monotonic() + wait
+    waiter = dispatcher.join(queues)
+    passed_on: list[str] = []
+    try:
+        while True:
+            woken = dispatcher.take(waiter)
+            job = await pool.run(operations.claim, info, queues, skip)
+            if job is not None:
+                # Woken for work and found some: there may be more (one notification may
+                # stand for many jobs), so the next waiter looks too.
+                passed_on = [job.queue] if woken else []
+                return 200, protocol.claimed(job)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not dispatcher.pending(waiter):
+                return 204, None
+            await waiter.wait(max(0.0, remaining))
+    finally:
+        dispatcher.leave(waiter, passed_on)
+
+
+# ---------------------------------------------------------------------- a claimed job
+
+
+def _lease(grant: Grant, body: dict[str, Any], job_id: int) -> Any:
+    return protocol.parse_lease(body, job_id, grant.worker_prefix)
+
+
+def _worker_of(request: HttpRequest, lease: Any) -> Any:
+    return operations.worker_info(lease.worker_id, _client(request), None)
+
+
+@endpoint
+async def job_heartbeat(
+    request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int
+) -> Answer:
+    lease = _lease(grant, body, job_id)
+    beat = await pool.run(operations.heartbeat, _worker_of(request, lease), [lease], [])
+    status = beat.leases.get(str(lease.token))
+    if status is None or not status.held:
+        raise protocol.lease_lost()
+    return 200, {"cancel_requested": status.cancel_requested}
+
+
+@endpoint
+async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
+    worker_id = grant.worker_prefix + protocol.worker(body)
+    texts = protocol.strings(body, "leases") or []
+    unwritten = protocol.field(body, "unwritten", list, [])
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in unwritten):
+        raise ApiError(400, "unwritten must be a list of job ids", "unwritten")
+    extra = protocol.field(body, "info", dict, {})
+    leases, known = [], {}
+    for text in texts:
+        lease = protocol.read_lease(text, grant.worker_prefix)
+        if lease is not None and lease.worker_id == worker_id:
+            leases.append(lease)
+            known[str(lease.token)] = text
+    queues = protocol.strings(extra, "queues")
+    info = operations.worker_info(worker_id, _client(request), queues, **extra)
+    beat = await pool.run(operations.heartbeat, info, leases, unwritten)
+    answer = {
+        known[token]: {
+            "job_id": status.job_id,
+            "held": status.held,
+            "cancel_requested": status.cancel_requested,
+        }
+        for token, status in beat.leases.items()
+        if token in known
+    }
+    orphans = [
+        {"job_id": o.job_id, "attempt": o.attempt, "lease": protocol.lease_text(o)}
+        for o in beat.orphans
+    ]
+    return 200, {"leases": answer, "orphans": orphans}
+
+
+@endpoint
+async def finish(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    ending = protocol.finish(body)
+    ended = await pool.run(operations.finish, lease, ending)
+    if ended is None:
+        raise protocol.lease_lost()
+    return 200, {"state": ended.state}
+
+
+@endpoint
+async def release(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    reason = protocol.field(body, "reason", str, "released by its worker of the HTTP API")
+    if not await pool.run(operations.release, lease, reason[:1000]):
+        raise protocol.lease_lost()
+    return 200, {"released": True}
+
+
+@endpoint
+async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    report = protocol.field(body, "progress", dict, None)
+    log = protocol.field(body, "log", str, None)
+    shown: Progress | None = None
+    if report is not None:
+        try:
+            shown = checked(
+                job_id, report.get("done"), report.get("total"), report.get("message", "")
+            )
+        except BadProgress as error:
+            raise ApiError(400, str(error), "progress") from None
+    recorded = await pool.run(operations.record_live, lease, shown, log)
+    if not (recorded.progress or recorded.log):
+        raise protocol.lease_lost()
+    return 200, {"progress": recorded.progress, "log": recorded.log}
+
+
+@endpoint
+async def outcome(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    return 200, {"outcome": await pool.run(operations.attempt_outcome, lease)}
+
+
+@endpoint
+async def spawn(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    call = protocol.call(body)
+    child = await pool.run(operations.spawn, lease, call, grant.holds)
+    return 201, protocol.enqueued(child)
+
+
+# ---------------------------------------------------------------------- enqueue
+
+
+@endpoint
+async def enqueue(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
+    if not grant.can_enqueue:
+        raise ApiError(403, "this token may not enqueue (createjobtoken --can-enqueue)")
+    call = protocol.call(body)
+    job = await pool.run(operations.enqueue, call, grant.holds)
+    return 201, protocol.enqueued(job)

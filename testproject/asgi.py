@@ -1,0 +1,9 @@
+"""The ASGI application, for the HTTP API's long polling:
+``uvicorn testproject.asgi:application``."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+application = get_asgi_application()
