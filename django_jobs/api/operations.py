@@ -61,7 +61,10 @@ class Registrations:
 registrations = Registrations()
 
 
-def worker_info(worker_id: str, host: str, queues: Sequence[str] | None, **info: Any) -> WorkerInfo:
+def worker_info(
+    worker_id: str, host: str, queues: Sequence[str] | None, /, **info: Any
+) -> WorkerInfo:
+    # Positional-only: a heartbeat's info also has "host" and "queues".
     return WorkerInfo(
         id=worker_id,
         name=str(info.get("name") or worker_id.split(":", 2)[2]),

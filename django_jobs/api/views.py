@@ -184,7 +184,6 @@ async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) ->
             leases.append(lease)
             known[str(lease.token)] = text
     queues = protocol.strings(extra, "queues")
-    extra.pop("queues", None)  # passed on its own, checked
     info = operations.worker_info(worker_id, _client(request), queues, **extra)
     beat = await pool.run(operations.heartbeat, info, leases, unwritten)
     answer = {
