@@ -191,8 +191,8 @@ def _error(raw: bytes) -> str:
     """The ``error`` of an error answer, or the start of whatever came instead."""
     try:
         answer = json.loads(raw)
-    except ValueError:
-        return raw[:200].decode("utf-8", "replace") or "no details"
+    except ValueError:  # a proxy's or the framework's page: its words, on one line
+        return " ".join(raw.decode("utf-8", "replace").split())[:200] or "no details"
     if isinstance(answer, dict) and "error" in answer:
         field = answer.get("field")
         return f"{answer['error']}" + (f" (field {field})" if field else "")

@@ -58,7 +58,7 @@ def api_url(worker_env: dict[str, str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/jobs/api/"
     finally:
         server.terminate()
-        server.communicate(timeout=30)
+        print(server.communicate(timeout=30)[0])  # shown when a test fails
 
 
 @pytest.fixture
