@@ -118,9 +118,20 @@ def test_a_failed_attempt_is_retried_or_ends_in_error(api: Api) -> None:
     job = claimed(api, queues=["remote"])
     failed = api.job(job_id, "finish", job["lease"], outcome="error", error="boom",
                      traceback="Traceback: boom", retry_after=0)  # fmt: skip
+    assert Job.objects.get(pk=job_id).max_attempts == 3
     assert failed.data == {"state": "pending"}
     again = claimed(api, queues=["remote"])
     assert (again["id"], again["attempt"]) == (job_id, 2)
+    # Without retry_after, the retry waits the task's backoff, as on any worker.
+    backed_off = api.job(job_id, "finish", again["lease"], outcome="error", error="again")
+    assert backed_off.data == {"state": "pending"}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after > now() FROM django_jobs_job WHERE id = %s", [job_id])
+        assert cursor.fetchone() == (True,)
+    assert api.claim(queues=["remote"]).status_code == 204
+    Job.objects.filter(pk=job_id).update(run_after=timezone.now())
+    again = claimed(api, queues=["remote"])
+    assert again["attempt"] == 3
     final = api.job(job_id, "finish", again["lease"], outcome="error", error="bad", retry=False)
     assert final.data == {"state": "error"}
     row = Job.objects.get(pk=job_id)
