@@ -414,3 +414,36 @@ def test_remote_tasks_are_enqueued_here_and_never_claimed_by_database_workers() 
     assert "remote.upper" not in registry.local_names()
     with pytest.raises(Exception, match="HTTP API"):
         registry.get("remote.upper")()
+
+
+def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> None:
+    from django.contrib.auth.models import Permission, User
+
+    row, secret = tokens.create("fleet", ["remote"])
+    assert Api(secret).claim(queues=["remote"]).status_code == 204
+
+    def staff(*codenames: str) -> Client:
+        user = User.objects.create_user(f"u-{len(codenames)}", password="x", is_staff=True)
+        wanted = ["view_apitoken", *codenames]
+        user.user_permissions.set(Permission.objects.filter(codename__in=wanted))
+        client = Client(HTTP_HOST="localhost")
+        client.force_login(user)
+        return client
+
+    url = "/admin/django_jobs/apitoken/"
+    viewer = staff()
+    page = viewer.get(url)
+    assert page.status_code == 200 and b"fleet" in page.content
+    assert secret.encode() not in page.content and row.token_hash.encode() not in page.content
+    assert b"revoke_tokens" not in page.content
+    viewer.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is None  # a forged POST without the permission changes nothing
+
+    revoker = staff("revoke_apitoken")
+    assert b"revoke_tokens" in revoker.get(url).content
+    revoker.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    tokens.cache.forget()  # past the cache's 10 seconds
+    assert Api(secret).claim(queues=["remote"]).status_code == 401
