@@ -22,9 +22,11 @@ in the one-bigint key space, like the transaction locks of django_jobs/queues.py
   ``django_jobs_listener`` channel whether ready jobs are left (a bulk enqueue sends one
   notification for all its jobs, which the listener has used up), then unlocks. The first
   worker in line gets the lock, reads the notifications that reached it while it waited, and
-  claims at once if that hand-over said jobs are left, or if a notification for its queues came
-  after it. Notifications before it were the last listener's to answer. A grant with no
-  hand-over among them (the listener died, or nobody was listening) makes it claim at once too.
+  claims at once if the last hand-over said jobs are left, or if a notification for its queues
+  came after it. Notifications before it were the last listener's to answer. With no hand-over
+  heard (a worker just connected) it claims at once too. A listener that dies hands nothing
+  over: the jobs notified while it listened make its successor claim; a scheduled job it would
+  have polled for waits for its successor's poll.
   So a burst is spread over as many idle workers as it needs, one hand-over (a few
   milliseconds) each, and one job enqueued alone costs two claims: the listener's, and the
   finish-and-claim of the worker that ran it (see writes.py).
@@ -98,6 +100,10 @@ class Wakeup:
         self.role = Role.DOWN
         # Notifications read but not yet acted on, in the order the server sent them.
         self.heard: list[psycopg.Notify] = []
+        # What the last hand-over of this queue set's listener said (None: none heard on this
+        # connection), and whether a notification for this worker's queues came after it.
+        self.jobs_left: bool | None = None
+        self.work_since_handover = False
         self.backoff = Backoff(OUTAGE_RETRY_CAP)
 
     @property
@@ -155,7 +161,6 @@ class Wakeup:
 
     def _wait_in_line(self) -> None:
         assert self.conn is not None
-        self.heard.clear()  # what came before is no business of a worker that was not listening
         pgconn = self.conn.pgconn
         pgconn.send_query(query("wait_to_listen").encode())
         self._flush()
@@ -184,17 +189,22 @@ class Wakeup:
             pgconn = self.conn.pgconn
             pgconn.consume_input()
             self._read_notifications()
-            claim = False
+            granted = None
             if self.role is Role.WAITING and not pgconn.is_busy():
-                if self._granted():
-                    claim = self._take_over()
-                else:
-                    self.role = Role.IDLE
-                    self.heard.clear()
+                granted = self._granted()
+                if granted:
+                    # Every notification held back during the wait comes before this reply.
+                    self.conn.execute(query("sync_listen_connection"))
+                    self._read_notifications()
+            work = self._digest()
+            claim = False
+            if granted is not None:
+                self.role = Role.LISTENING if granted else Role.IDLE
+                # Claim at once unless the last hand-over said no jobs were left, and no
+                # notification for this worker's queues came after it.
+                claim = granted and (self.jobs_left is not False or self.work_since_handover)
             elif self.role is Role.LISTENING:
-                claim = any(self._for_me(note) for note in self.heard)
-            if self.role is not Role.WAITING:
-                self.heard.clear()
+                claim = work
             if pgconn.status != psycopg.pq.ConnStatus.OK:
                 raise psycopg.OperationalError("LISTEN connection closed")
         except Exception as exc:
@@ -210,6 +220,20 @@ class Wakeup:
             payload = note.extra.decode(errors="replace")
             self.heard.append(psycopg.Notify(channel, payload, note.be_pid))
 
+    def _digest(self) -> bool:
+        """Take in the notifications heard, in order; True if one is for this worker's queues.
+        A hand-over of this queue set's listener is remembered, with whether work came after."""
+        work = False
+        mine = f"{self.key}:"
+        for note in self.heard:
+            if note.channel == HANDOVER_CHANNEL and note.payload.startswith(mine):
+                self.jobs_left = note.payload[len(mine) :] == "1"
+                self.work_since_handover = False
+            elif self._for_me(note):
+                work = self.work_since_handover = True
+        self.heard.clear()
+        return work
+
     def _granted(self) -> bool:
         """The reply to ``wait_to_listen``: whether this session now holds the lock."""
         assert self.conn is not None
@@ -224,24 +248,6 @@ class Wakeup:
         if error:
             raise psycopg.OperationalError(f"waiting to listen failed: {error}")
         return granted
-
-    def _take_over(self) -> bool:
-        """Become the listener; True if it should claim at once (see the module docstring)."""
-        assert self.conn is not None
-        self.conn.execute(query("sync_listen_connection"))
-        self._read_notifications()
-        self.role = Role.LISTENING
-        mine = f"{self.key}:"
-        handovers = [
-            i
-            for i, note in enumerate(self.heard)
-            if note.channel == HANDOVER_CHANNEL and note.payload.startswith(mine)
-        ]
-        if not handovers:
-            return True  # the listener died, or there was none: work may be waiting
-        last = handovers[-1]
-        jobs_left = self.heard[last].payload[len(mine) :] == "1"
-        return jobs_left or any(self._for_me(note) for note in self.heard[last + 1 :])
 
     def _for_me(self, note: psycopg.Notify) -> bool:
         return note.channel == db.CHANNEL and (not self.queues or note.payload in self.queues)
@@ -268,3 +274,4 @@ class Wakeup:
             self.conn = None
         self.role = Role.DOWN
         self.heard.clear()
+        self.jobs_left = None
