@@ -13,7 +13,7 @@ from django_jobs.exceptions import (
     Retry,
     UnknownTask,
 )
-from django_jobs.registry import Task, job
+from django_jobs.registry import Task, job, remote_job
 
 __all__ = [
     "DependencyError",
@@ -25,4 +25,5 @@ __all__ = [
     "Task",
     "UnknownTask",
     "job",
+    "remote_job",
 ]

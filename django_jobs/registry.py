@@ -409,9 +409,9 @@ def remote_job(
 ) -> Task:
     """Declare a task that workers of the HTTP API run (in another language, another cluster),
     so that its jobs can be enqueued here, checked like any other: ``remote_job("ml.train",
-    queue="gpu", timeout=7200)``. Enqueue it with ``enqueue("ml.train", args, kwargs)`` or the
-    returned task's ``enqueue()``. Database-connected workers never claim its jobs.
-    ``JOBS_REMOTE_TASKS`` declares the same from the settings."""
+    queue="gpu", timeout=7200)``. Enqueue it with the returned task's ``enqueue()``, or by its
+    name (``django_jobs.enqueue.enqueue("ml.train", args, kwargs)``). Database-connected
+    workers never claim its jobs. ``JOBS_REMOTE_TASKS`` declares the same from the settings."""
     if not isinstance(name, str) or not name or len(name) > 200 or unstorable(name):
         raise InvalidOption(f"a remote task needs a name of 1 to 200 characters, not {name!r}")
     task = Task(

@@ -97,6 +97,15 @@ def heartbeat(worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[i
 
 def finish(lease: Lease, ending: Finish) -> Ended | None:
     with _cursor() as cursor:
+        retry_delay = ending.retry_delay
+        if retry_delay is None:
+            retry_delay = 0.0
+            if ending.outcome != "done" and ending.retryable:
+                # As a worker of this app would: the task's backoff after this attempt.
+                cursor.execute("SELECT task FROM django_jobs_job WHERE id = %s", [lease.job_id])
+                row = cursor.fetchone()
+                if row is not None:
+                    retry_delay = registry.backoff_for(row[0], lease.attempt)
         ended = transitions.finish(
             cursor,
             lease,
@@ -105,7 +114,7 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
             error=ending.error,
             traceback=ending.traceback,
             retryable=ending.retryable,
-            retry_delay=ending.retry_delay,
+            retry_delay=retry_delay,
         )
         if ended is not None and ended.needs_settling:
             workflows.settle(cursor, lease.job_id)

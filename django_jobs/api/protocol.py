@@ -174,7 +174,8 @@ class Finish:
     error: str
     traceback: str
     retryable: bool
-    retry_delay: float
+    #: None: the task's backoff (``retry_backoff``, else ``JOBS_RETRY_BACKOFF``).
+    retry_delay: float | None
 
 
 def finish(body: dict[str, Any]) -> Finish:
@@ -201,7 +202,9 @@ def finish(body: dict[str, Any]) -> Finish:
         error=storable_value(error[:MAX_ERROR])[0],
         traceback=storable_value(traceback[:MAX_TRACEBACK])[0],
         retryable=field(body, "retry", bool, True),
-        retry_delay=seconds(body, "retry_after", 0.0, 366 * 86400),
+        retry_delay=None
+        if body.get("retry_after") is None
+        else seconds(body, "retry_after", 0.0, 366 * 86400),
     )
 
 

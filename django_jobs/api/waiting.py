@@ -65,9 +65,11 @@ class Waiter:
 
 
 class Dispatcher:
-    """The waiters of this process, and the thread that wakes them."""
+    """The waiters of this process, and the thread that wakes them (``listen``: started with
+    the first waiter; the unit tests drive :meth:`notify` and :meth:`tick` themselves)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, listen: bool = True) -> None:
+        self.listen = listen
         self._lock = threading.Lock()
         # Insertion-ordered: the first is the one that has waited longest.
         self._waiters: dict[Waiter, None] = {}
@@ -85,7 +87,8 @@ class Dispatcher:
         waiter = Waiter(queues)
         with self._lock:
             self._waiters[waiter] = None
-        self._ensure_thread()
+        if self.listen:
+            self._ensure_thread()
         return waiter
 
     def take(self, waiter: Waiter) -> list[str]:

@@ -52,7 +52,7 @@ from django_jobs.worker.pool import (
 from django_jobs.worker.queue import FAILED, PostgresQueue, Queue, QueueGate
 from django_jobs.worker.scheduler import Scheduler
 from django_jobs.worker.signals import WakeSocket
-from django_jobs.worker.wakeup import Wakeup
+from django_jobs.worker.wakeup import FOLLOWER_POLL_FACTOR, Wakeup
 from django_jobs.worker.writes import JobWrites
 
 logger = logging.getLogger("django_jobs.worker")
@@ -210,6 +210,10 @@ class Supervisor:
         if self.wakeup is not None:
             self.wakeup.ensure()
         self._fill_slots()
+        if self.wakeup is not None:
+            # Get in line to be the one that wakes for this queue set, or leave that place to
+            # the next in line when no slot is free (wakeup.py).
+            self.wakeup.step(free=self._can_claim() and self.pool.free_slot() is not None)
         if self._finished():
             return  # e.g. --burst found nothing: exit now, not after one more poll interval
         self._wait(self._next_timeout())
@@ -283,7 +287,7 @@ class Supervisor:
         False if the job was handed back instead (its task is not registered here)."""
         if job is None:
             self.queue_may_have_work = False
-            self.next_poll = time.monotonic() + self.poll_interval * random.uniform(0.8, 1.2)
+            self.next_poll = time.monotonic() + self._poll_interval_now()
             return True
         if not registry.runs_here(job.task):
             # Never hand an executor a name it would have to import. A worker that has the task
@@ -293,6 +297,16 @@ class Supervisor:
         self.stats.claimed += 1
         self._start(slot, job)
         return True
+
+    def _poll_interval_now(self) -> float:
+        """The wait until the next poll, jittered: longer while another worker listens for
+        this one's queues, which polls every poll interval itself (wakeup.py)."""
+        following = self.wakeup is not None and self.wakeup.following
+        return (
+            self.poll_interval
+            * (FOLLOWER_POLL_FACTOR if following else 1)
+            * random.uniform(0.8, 1.2)
+        )
 
     def _start(self, slot: Slot, job: ClaimedJob) -> None:
         self.observer.claimed(job)
@@ -347,8 +361,12 @@ class Supervisor:
         listen_fd = self.wakeup.fileno() if self.wakeup is not None else None
         wake = self.wake.reader
         ready = self.pool.wait([wake] if listen_fd is None else [wake, listen_fd], timeout)
-        if self.wakeup is not None and listen_fd in ready and self.wakeup.drain():
-            self.queue_may_have_work = True
+        if self.wakeup is not None and listen_fd in ready:
+            if self.wakeup.drain():
+                self.queue_may_have_work = True
+            if self.wakeup.listening:
+                # A worker that has just become the listener polls every poll interval.
+                self.next_poll = min(self.next_poll, time.monotonic() + self._poll_interval_now())
         if wake in ready:
             self.wake.drain()
         for event in self.pool.events(ready):

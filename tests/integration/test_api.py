@@ -1,0 +1,449 @@
+"""The HTTP API, in process: every endpoint, its auth and scopes, each 4xx (with nothing
+written), fencing of late writes, and the reaper over a silent API worker.
+
+The views run their statements in the API's pool threads, on connections of their own: the
+tests commit (``transaction=True``) so that those connections see the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from django_jobs.api import pool, tokens
+from django_jobs.api.operations import registrations
+from django_jobs.api.waiting import dispatcher
+from django_jobs.models import ApiToken, Attempt, Job, Worker
+from django_jobs.reaper import reap_pass
+from django_jobs.registry import registry
+from testproject.testjobs.jobs import echo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def api_pool() -> Iterator[None]:
+    yield
+    dispatcher.stop()
+    pool.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches() -> Iterator[None]:
+    tokens.cache.forget()
+    registrations._at.clear()
+    yield
+
+
+def make_token(queues: tuple[str, ...] = ("default", "remote"), **options: Any) -> str:
+    return tokens.create(f"t{time.monotonic_ns()}", list(queues), **options)[1]
+
+
+class Api:
+    def __init__(self, token: str | None) -> None:
+        self.client = Client(HTTP_HOST="localhost")
+        self.token = token
+
+    def post(self, path: str, body: Any = None, *, raw: bytes | None = None) -> Any:
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"} if self.token else {}
+        data = raw if raw is not None else json.dumps({} if body is None else body)
+        response = self.client.post(
+            f"/jobs/api/v1/{path}", data, content_type="application/json", **headers
+        )
+        response.data = json.loads(response.content) if response.content else None
+        return response
+
+    def claim(self, worker: str = "w1", **body: Any) -> Any:
+        return self.post("claim", {"worker": worker, **body})
+
+    def job(self, job_id: int, action: str, lease: str, **body: Any) -> Any:
+        return self.post(f"jobs/{job_id}/{action}", {"lease": lease, **body})
+
+
+@pytest.fixture
+def api() -> Api:
+    return Api(make_token(can_enqueue=True))
+
+
+def claimed(api: Api, **body: Any) -> dict[str, Any]:
+    response = api.claim(**body)
+    assert response.status_code == 200, response.data
+    return dict(response.data["job"])
+
+
+# ---------------------------------------------------------------------- a job's life
+
+
+def test_a_job_is_enqueued_claimed_heartbeaten_reported_and_finished(api: Api) -> None:
+    created = api.post("enqueue", {"task": "remote.upper", "args": ["hi"], "kwargs": {"x": 1}})
+    assert created.status_code == 201
+    assert created.data["job"] | {"id": 0} == {
+        "id": 0, "task": "remote.upper", "queue": "remote", "state": "pending"
+    }  # fmt: skip
+    job = claimed(api, queues=["remote"], tasks=["remote.upper"])
+    assert (job["id"], job["task"], job["args"], job["kwargs"]) == (
+        created.data["job"]["id"], "remote.upper", ["hi"], {"x": 1}
+    )  # fmt: skip
+    assert (job["attempt"], job["max_attempts"], job["timeout"]) == (1, 3, 60)
+    row = Job.objects.get(pk=job["id"])
+    assert row.state == "running" and row.worker_id.startswith("api:t") and row.attempt == 1
+    assert Worker.objects.filter(pk=row.worker_id).exists()  # the reaper knows the worker
+
+    beat = api.job(job["id"], "heartbeat", job["lease"])
+    assert (beat.status_code, beat.data) == (200, {"cancel_requested": False})
+    report = api.job(job["id"], "progress", job["lease"], progress={"done": 3, "total": 4},
+                     log="line one\n")  # fmt: skip
+    assert (report.status_code, report.data) == (200, {"progress": True, "log": True})
+    assert api.job(job["id"], "outcome", job["lease"]).data == {"outcome": "running"}
+
+    done = api.job(job["id"], "finish", job["lease"], outcome="done", result={"up": "HI"})
+    assert (done.status_code, done.data) == (200, {"state": "done"})
+    row.refresh_from_db()
+    assert (row.state, row.result, row.progress_done) == ("done", {"up": "HI"}, 3)
+    assert Attempt.objects.get(job=row).log == "line one\n"
+    assert api.job(job["id"], "outcome", job["lease"]).data == {"outcome": "done"}
+
+
+def test_a_failed_attempt_is_retried_or_ends_in_error(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    failed = api.job(job_id, "finish", job["lease"], outcome="error", error="boom",
+                     traceback="Traceback: boom", retry_after=0)  # fmt: skip
+    assert Job.objects.get(pk=job_id).max_attempts == 3
+    assert failed.data == {"state": "pending"}
+    again = claimed(api, queues=["remote"])
+    assert (again["id"], again["attempt"]) == (job_id, 2)
+    # Without retry_after, the retry waits the task's backoff, as on any worker.
+    backed_off = api.job(job_id, "finish", again["lease"], outcome="error", error="again")
+    assert backed_off.data == {"state": "pending"}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after > now() FROM django_jobs_job WHERE id = %s", [job_id])
+        assert cursor.fetchone() == (True,)
+    assert api.claim(queues=["remote"]).status_code == 204
+    Job.objects.filter(pk=job_id).update(run_after=timezone.now())
+    again = claimed(api, queues=["remote"])
+    assert again["attempt"] == 3
+    final = api.job(job_id, "finish", again["lease"], outcome="error", error="bad", retry=False)
+    assert final.data == {"state": "error"}
+    row = Job.objects.get(pk=job_id)
+    assert (row.state, row.error) == ("error", "bad")
+    assert Attempt.objects.filter(job=row).order_by("number")[0].traceback == "Traceback: boom"
+
+
+def test_a_released_job_goes_back_without_using_an_attempt(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    assert api.job(job_id, "release", job["lease"]).data == {"released": True}
+    row = Job.objects.get(pk=job_id)
+    assert (row.state, row.attempt) == ("pending", 0)
+    assert claimed(api, queues=["remote"])["attempt"] == 1
+
+
+def test_a_cancel_request_reaches_the_heartbeat(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    Job.objects.get(pk=job_id).cancel()
+    assert api.job(job_id, "heartbeat", job["lease"]).data == {"cancel_requested": True}
+    ended = api.job(job_id, "finish", job["lease"], outcome="cancelled", error="stopped")
+    assert ended.data == {"state": "cancelled"}
+
+
+def test_a_job_spawns_children_and_waits_for_them(api: Api) -> None:
+    parent_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    child = api.job(parent_id, "spawn", job["lease"], task="remote.upper", args=["c"],
+                    options={"priority": 5})  # fmt: skip
+    assert child.status_code == 201
+    child_row = Job.objects.get(pk=child.data["job"]["id"])
+    assert (child_row.parent_id, child_row.priority, child_row.args) == (parent_id, 5, ["c"])
+    assert api.job(parent_id, "finish", job["lease"], outcome="done").data == {"state": "waiting"}
+    child_job = claimed(api, queues=["remote"])
+    assert child_job["parent_id"] == parent_id
+    assert api.job(child_job["id"], "finish", child_job["lease"], outcome="done").status_code == 200
+    assert Job.objects.get(pk=parent_id).state == "done"  # settled by the child's finish
+
+
+def test_the_batch_heartbeat_reports_leases_and_orphans(api: Api) -> None:
+    first = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    second = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    one = claimed(api, worker="pod-a", queues=["remote"])
+    two = claimed(api, worker="pod-a", queues=["remote"])  # its reply was "lost"
+    assert {one["id"], two["id"]} == {first, second}
+    beat = api.post("heartbeat", {"worker": "pod-a", "leases": [one["lease"]],
+                                  "info": {"concurrency": 2, "pid": 7}})  # fmt: skip
+    assert beat.status_code == 200
+    assert beat.data["leases"] == {
+        one["lease"]: {"job_id": one["id"], "held": True, "cancel_requested": False}
+    }
+    assert beat.data["orphans"] == [{"job_id": two["id"], "attempt": 1, "lease": two["lease"]}]
+    assert api.job(two["id"], "release", beat.data["orphans"][0]["lease"]).status_code == 200
+    # A worker's first heartbeat registers what it says of itself.
+    api.post("heartbeat", {"worker": "pod-b", "info": {"concurrency": 2, "pid": 7}})
+    worker = Worker.objects.get(pk=Job.objects.get(pk=first).worker_id.replace("pod-a", "pod-b"))
+    assert (worker.concurrency, worker.pid) == (2, 7)
+
+
+def test_enqueue_takes_options_and_a_unique_key(api: Api) -> None:
+    body = {"task": "tests.echo", "args": [1], "unique_key": "once",
+            "options": {"priority": 9, "delay": 3600, "max_attempts": 1}}  # fmt: skip
+    first = api.post("enqueue", body)
+    assert first.status_code == 201
+    assert api.post("enqueue", body).data["job"]["id"] == first.data["job"]["id"]
+    row = Job.objects.get(pk=first.data["job"]["id"])
+    assert (row.priority, row.max_attempts, row.unique_key) == (9, 1, "once")
+    assert row.run_after is not None and Job.objects.count() == 1
+
+
+# ---------------------------------------------------------------------- long polling
+
+
+def test_a_long_poll_returns_the_job_enqueued_while_it_waits(api: Api) -> None:
+    answers: list[Any] = []
+    waiting = threading.Thread(target=lambda: answers.append(api.claim(queues=["remote"], wait=10)))
+    started = time.monotonic()
+    waiting.start()
+    deadline = time.monotonic() + 5
+    while dispatcher.waiting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    Api(api.token).post("enqueue", {"task": "remote.upper", "args": ["late"]})
+    waiting.join(10)
+    assert answers and answers[0].status_code == 200
+    assert answers[0].data["job"]["args"] == ["late"]
+    assert time.monotonic() - started < 5  # woken, not timed out
+
+
+def test_a_long_poll_with_nothing_to_do_answers_204_after_its_wait(api: Api) -> None:
+    started = time.monotonic()
+    response = api.claim(queues=["remote"], wait=1)
+    assert response.status_code == 204 and response.content == b""
+    assert 0.9 < time.monotonic() - started < 5
+
+
+# ---------------------------------------------------------------------- refusals
+
+
+def nothing_written() -> bool:
+    return not Job.objects.exists() and not Worker.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer", "Bearer nope", "Basic dXNlcjpwYXNz", "Token djt_x"],
+)
+def test_requests_without_a_valid_token_get_401(header: str | None) -> None:
+    client = Client(HTTP_HOST="localhost")
+    extra = {"HTTP_AUTHORIZATION": header} if header else {}
+    response = client.post("/jobs/api/v1/claim", "{}", content_type="application/json", **extra)
+    assert response.status_code == 401 and "error" in json.loads(response.content)
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert nothing_written()
+
+
+def test_a_revoked_token_is_refused() -> None:
+    row, secret = tokens.create("revoked", ["remote"])
+    tokens.revoke([row.pk])
+    assert Api(secret).claim().status_code == 401
+
+
+def test_a_token_holds_only_its_queues() -> None:
+    api = Api(make_token(("remote",)))
+    assert api.claim(queues=["default"]).status_code == 403
+    assert api.claim(queues=["*"]).data["field"] == "queues"
+    assert api.post("enqueue", {"task": "remote.upper"}).status_code == 403  # no --can-enqueue
+    enqueuer = Api(make_token(("remote",), can_enqueue=True))
+    refused = enqueuer.post("enqueue", {"task": "tests.echo"})  # default
+    assert (refused.status_code, refused.data["field"]) == (403, "queue")
+    assert nothing_written()
+    # Another token cannot use a lease it did not get.
+    job_id = enqueuer.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(enqueuer, queues=["remote"])
+    assert api.job(job_id, "finish", job["lease"], outcome="done").status_code == 409
+    assert Job.objects.get(pk=job_id).state == "running"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"queues": ["remote"]}, "worker"),
+        ({"worker": "has space"}, "worker"),
+        ({"worker": "w", "queues": "remote"}, "queues"),
+        ({"worker": "w", "queues": [""]}, "queues"),
+        ({"worker": "w", "tasks": [1]}, "tasks"),
+        ({"worker": "w", "wait": 31}, "wait"),
+        ({"worker": "w", "wait": "soon"}, "wait"),
+        ({"worker": "w", "wait": True}, "wait"),
+    ],
+)
+def test_a_bad_claim_gets_400_naming_the_field(api: Api, body: dict[str, Any], field: str) -> None:
+    response = api.post("claim", body)
+    assert (response.status_code, response.data["field"]) == (400, field), response.data
+    assert nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"task": "no.such.task"}, "task"),
+        ({"task": "tests.echo", "args": {"a": 1}}, "args"),
+        ({"task": "tests.echo", "kwargs": [1]}, "kwargs"),
+        ({"task": "tests.echo", "args": ["x" * 300_000]}, "args"),
+        ({"task": "tests.echo", "args": ["x" * 900_000]}, None),  # the body itself
+        ({"task": "tests.echo", "args": ["x" * 200_000, "y" * 100_000]},
+         "args"),
+        ({"task": "tests.echo", "options": {"priority": 1000}},
+         "options.priority"),
+        ({"task": "tests.echo", "options": {"colour": "red"}}, "options"),
+        ({"task": "tests.echo", "options": {"run_after": "tomorrow"}},
+         "options.run_after"),
+        ({"task": "tests.echo", "options": {"depends_on": [10**9]}},
+         "options.depends_on"),
+        ({"args": []}, "task"),
+    ],
+)  # fmt: skip
+def test_a_bad_enqueue_gets_400_and_writes_nothing(body: dict[str, Any], field: str | None) -> None:
+    api = Api(make_token(("default", "remote"), can_enqueue=True))
+    response = api.post("enqueue", body)
+    assert response.status_code == 400, response.data
+    assert response.data["field"] == field, response.data
+    assert not Job.objects.exists()
+
+
+def test_malformed_json_and_other_methods_are_refused(api: Api) -> None:
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        response = api.post("claim", raw=raw)
+        assert (response.status_code, response.data["field"]) == (400, None)
+    assert api.client.get("/jobs/api/v1/claim").status_code == 405
+    assert api.client.post("/jobs/api/v1/nothing").status_code == 404
+    assert nothing_written()
+
+
+def test_finishing_with_a_bad_outcome_or_result_changes_nothing(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    for body, field in [
+        ({"outcome": "great"}, "outcome"),
+        ({}, "outcome"),
+        ({"outcome": "error", "retry_after": -1}, "retry_after"),
+        ({"outcome": "error", "retry": "yes"}, "retry"),
+    ]:
+        response = api.job(job_id, "finish", job["lease"], **body)
+        assert (response.status_code, response.data["field"]) == (400, field)
+    for lease in ("", "garbage", f"{job_id + 1}{job['lease'][len(str(job_id)) :]}"):
+        assert api.job(job_id, "finish", lease, outcome="done").status_code in (400, 409)
+    assert Job.objects.get(pk=job_id).state == "running"
+
+
+# ---------------------------------------------------------------------- fencing and the reaper
+
+
+def test_a_paused_workers_late_writes_change_nothing(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    old = claimed(api, worker="paused", queues=["remote"])
+    # The worker stalls; its job is reaped (its registry row went silent) and run again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_jobs_worker SET last_seen_at = now() - interval '1 hour' WHERE id = %s",
+            [Job.objects.get(pk=job_id).worker_id],
+        )
+    assert [a.outcome for a in reap_pass().actions] == ["lost"]
+    Job.objects.filter(pk=job_id).update(run_after=timezone.now())
+    new = claimed(api, worker="healthy", queues=["remote"])
+    assert (new["id"], new["attempt"]) == (job_id, 2)
+
+    for action, body in [
+        ("finish", {"outcome": "done", "result": "stale"}),
+        ("heartbeat", {}),
+        ("progress", {"progress": {"done": 1}}),
+        ("release", {}),
+    ]:
+        response = api.job(job_id, action, old["lease"], **body)
+        assert (response.status_code, response.data["field"]) == (409, "lease"), action
+    spawned = api.job(job_id, "spawn", old["lease"], task="remote.upper")
+    assert spawned.status_code == 409
+    row = Job.objects.get(pk=job_id)
+    assert (row.state, row.attempt, row.result, row.progress_done) == ("running", 2, None, None)
+    assert (
+        api.job(job_id, "finish", new["lease"], outcome="done", result="fresh").status_code == 200
+    )
+    assert Job.objects.get(pk=job_id).result == "fresh"
+
+
+def test_a_silent_api_worker_loses_its_job_to_the_reaper(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, worker="silent", queues=["remote"])
+    with override_settings(JOBS_WORKER_TIMEOUT=1.0):
+        assert reap_pass().actions == []  # it has just registered
+        time.sleep(1.5)
+        actions = reap_pass().actions
+    assert [(a.job.lease.job_id, a.outcome) for a in actions] == [(job_id, "lost")]
+    assert Job.objects.get(pk=job_id).state == "pending"  # retried: attempts are left
+    assert api.job(job_id, "heartbeat", job["lease"]).status_code == 409
+
+
+# ---------------------------------------------------------------------- tokens and tasks
+
+
+def test_createjobtoken_prints_a_token_once_and_stores_its_hash(capsys: Any) -> None:
+    call_command("createjobtoken", "gpu-fleet", "--queues", "gpu,remote", "--can-enqueue")
+    out, err = capsys.readouterr()
+    secret = out.strip()
+    row = ApiToken.objects.get(name="gpu-fleet")
+    assert secret.startswith("djt_") and secret not in row.token_hash and "shown only now" in err
+    assert (row.queues, row.can_enqueue, row.token_hash) == (
+        ["gpu", "remote"], True, tokens.digest(secret)
+    )  # fmt: skip
+    assert Api(secret).claim(queues=["gpu"]).status_code == 204
+    with pytest.raises(Exception, match="exists already"):
+        call_command("createjobtoken", "gpu-fleet", "--queues", "gpu")
+    with pytest.raises(Exception, match="not a token name"):
+        call_command("createjobtoken", "no spaces", "--queues", "gpu")
+
+
+def test_remote_tasks_are_enqueued_here_and_never_claimed_by_database_workers() -> None:
+    assert "remote.upper" in registry.remote_names()
+    assert not registry.runs_here("remote.upper") and registry.runs_here(echo.name)
+    assert "remote.upper" not in registry.local_names()
+    with pytest.raises(Exception, match="HTTP API"):
+        registry.get("remote.upper")()
+
+
+def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> None:
+    from django.contrib.auth.models import Permission, User
+
+    row, secret = tokens.create("fleet", ["remote"])
+    assert Api(secret).claim(queues=["remote"]).status_code == 204
+
+    def staff(*codenames: str) -> Client:
+        user = User.objects.create_user(f"u-{len(codenames)}", password="x", is_staff=True)
+        wanted = ["view_apitoken", *codenames]
+        user.user_permissions.set(Permission.objects.filter(codename__in=wanted))
+        client = Client(HTTP_HOST="localhost")
+        client.force_login(user)
+        return client
+
+    url = "/admin/django_jobs/apitoken/"
+    viewer = staff()
+    page = viewer.get(url)
+    assert page.status_code == 200 and b"fleet" in page.content
+    assert secret.encode() not in page.content and row.token_hash.encode() not in page.content
+    assert b"revoke_tokens" not in page.content
+    viewer.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is None  # a forged POST without the permission changes nothing
+
+    revoker = staff("revoke_apitoken")
+    assert b"revoke_tokens" in revoker.get(url).content
+    revoker.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    tokens.cache.forget()  # past the cache's 10 seconds
+    assert Api(secret).claim(queues=["remote"]).status_code == 401

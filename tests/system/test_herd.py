@@ -1,0 +1,154 @@
+"""Many idle worker processes: an enqueue wakes as many as the new work needs, not all of them.
+
+Claims are counted by PostgreSQL (``track_functions = 'pl'`` counts the calls of the claim
+function, ``django_jobs_claim``); see django_jobs/worker/wakeup.py for the election of the one
+worker per queue set that claims on notifications.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from django_jobs.models import Attempt, Job
+from testproject.testjobs.jobs import echo, sleep
+from tests.conftest import WorkerProcess, connect, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+IDLE_WORKERS = 10
+
+
+@pytest.fixture
+def claims() -> Callable[[], int]:
+    """The number of claim statements run so far on the test database, by every session that
+    has reported its statistics (a session does about once a second, and when it ends)."""
+    name = connection.settings_dict["NAME"]
+    with connect() as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET track_functions = pl')
+
+    def count() -> int:
+        with connect() as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+                " WHERE funcname = 'django_jobs_claim'"
+            ).fetchone()
+            return int(row[0])
+
+    return count
+
+
+def settled(count: Callable[[], int]) -> int:
+    """The claim count once the sessions have reported what they did (stats come ~1 s late)."""
+    time.sleep(1.5)
+    return count()
+
+
+@contextmanager
+def idle_workers(start_worker, count: int, *args: str) -> Iterator[list[WorkerProcess]]:
+    """``count`` workers, started and idle: each listens, or waits in line to."""
+    started = [start_worker(*args) for _ in range(count)]
+    try:
+        wait_for(lambda: _in_the_election() >= count, timeout=90)
+        time.sleep(1.5)  # their first claims are over
+        yield started
+    finally:
+        for worker in started:
+            if worker.proc.poll() is None:
+                worker.signal(signal.SIGTERM)
+        for worker in started:
+            worker.wait(60)
+
+
+def _in_the_election() -> int:
+    """Sessions that hold or wait for a listener's advisory lock."""
+    with connect() as conn:
+        query = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return int(conn.execute(query).fetchone()[0])
+
+
+def _listener() -> str | None:
+    """The worker id of the listening worker: its LISTEN connection holds the advisory lock."""
+    with connect() as conn:
+        row = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+        ).fetchone()
+        return row[0] if row else None
+
+
+def all_done(jobs: list[Job], timeout: float = 30) -> None:
+    ids = [job.pk for job in jobs]
+    wait_for(lambda: Job.objects.filter(pk__in=ids, state="done").count() == len(ids), timeout)
+
+
+def test_jobs_enqueued_one_by_one_to_ten_idle_workers_cost_under_three_claims_each(
+    start_worker, claims
+) -> None:
+    with idle_workers(start_worker, IDLE_WORKERS):
+        before = settled(claims)
+        jobs = []
+        for n in range(40):
+            jobs.append(echo.enqueue(n))
+            time.sleep(0.04)
+        all_done(jobs)
+        spent = settled(claims) - before
+    assert Attempt.objects.filter(job_id__in=[j.pk for j in jobs]).count() == len(jobs)
+    per_job = spent / len(jobs)
+    assert per_job < 3, f"{spent} claims for {len(jobs)} jobs ({per_job:.1f} a job)"
+
+
+def test_a_bulk_enqueue_is_spread_over_idle_workers_at_once_and_a_small_one_wakes_few(
+    start_worker, claims
+) -> None:
+    # Polls are 30 s apart: only the hand-overs can spread the burst in time.
+    with idle_workers(start_worker, IDLE_WORKERS, "--poll-interval", "30"):
+        # One notification for 30 jobs of 0.4 s: the listener hands over until enough run.
+        started = time.monotonic()
+        burst = sleep.enqueue_many([((0.4,), {}) for _ in range(30)])
+        ids = [job.pk for job in burst]
+        all_done(burst, timeout=25)
+        took = time.monotonic() - started
+        assert Attempt.objects.filter(job_id__in=ids).count() == 30
+        workers = len(set(Attempt.objects.filter(job_id__in=ids).values_list("worker_id")))
+        # On one worker they would take 12 s; spread over ten, about 1.2 s.
+        assert workers >= 5 and took < 12, f"30 jobs on {workers} workers took {took:.1f}s"
+
+        # Three jobs in one transaction wake three workers, not ten.
+        before = settled(claims)
+        small = sleep.enqueue_many([((0.2,), {}) for _ in range(3)])
+        all_done(small)
+        spent = settled(claims) - before
+    assert spent / 3 < 3, f"{spent} claims for 3 jobs"
+
+
+def test_when_the_listening_worker_is_killed_another_takes_over_at_once(
+    start_worker, claims
+) -> None:
+    with idle_workers(start_worker, IDLE_WORKERS, "--poll-interval", "30") as workers:
+        listener = wait_for(_listener)
+        victim = next(w for w in workers if listener.startswith(w.name + ":"))
+        victim.kill()
+        victim.proc.communicate()
+        time.sleep(0.2)
+
+        before = settled(claims)
+        started = time.monotonic()
+        jobs = []
+        for n in range(10):
+            jobs.append(echo.enqueue(n))
+            time.sleep(0.04)
+        all_done(jobs, timeout=20)
+        took = time.monotonic() - started
+        spent = settled(claims) - before
+    # Well under the 30 s poll interval: the next in line listened within milliseconds.
+    assert took < 5, f"10 jobs took {took:.1f}s after the listener was killed"
+    assert spent / len(jobs) < 3, f"{spent} claims for {len(jobs)} jobs"
