@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +58,11 @@ class JobContext:
         """True once cancellation of this job was requested, or once this run lost its lease (the
         job was reaped, re-claimed or deleted: another run owns it now, or none should). Long jobs
         may check it between steps and return early; the worker also stops the job by itself
-        within a heartbeat interval."""
+        within a heartbeat interval. On a worker of the HTTP API it asks the API."""
+        api = self._api()
+        if api is not None:
+            status, answer = api.post(f"v1/jobs/{self.job_id}/heartbeat", {"lease": self.lease})
+            return status != 200 or bool(answer.get("cancel_requested"))
         with connections[conf.database_alias()].cursor() as cursor:
             cursor.execute(
                 "SELECT cancel_requested OR state = 'cancelled'"
@@ -81,10 +86,65 @@ class JobContext:
         from django_jobs.registry import Task, registry
 
         resolved = task if isinstance(task, Task) else registry.get(task)
+        api = self._api()
+        if api is not None:
+            return self._spawn_over(api, resolved, args, kwargs)
         alias = conf.database_alias()
         with transaction.atomic(using=alias):
             self._check_may_spawn(alias)
             return resolved.using(parent=self.job_id).enqueue(*args, **kwargs)
+
+    def _api(self) -> Any:
+        """The HTTP API this run's worker takes its jobs from, or None (a worker of the job
+        database). Its leases are the API's, not tokens of the job table."""
+        from django_jobs import apiclient
+
+        return apiclient.from_environment() if self.lease and "." in self.lease else None
+
+    def _spawn_over(self, api: Any, task: Any, args: Any, kwargs: Any) -> Any:
+        """:meth:`spawn` over the API: the server checks and enqueues the child as it would
+        here, and answers its id; the :class:`~django_jobs.models.Job` returned holds what the
+        answer says (id, task, queue, state), not a fresh read of the row."""
+        from django_jobs.exceptions import InvalidOption
+        from django_jobs.models import Job
+
+        options: dict[str, Any] = {
+            "queue": task.queue,
+            "priority": task.priority,
+            "max_attempts": task.max_attempts,
+            "timeout": task.timeout,
+            "unique_key": task.unique_key,
+            "concurrency_key": task.concurrency_key,
+            "concurrency_limit": task.concurrency_limit,
+        }
+        if isinstance(task.run_after, datetime.timedelta):
+            options["delay"] = task.run_after.total_seconds()
+        elif task.run_after is not None:
+            options["run_after"] = task.run_after.isoformat()
+        if task.depends_on:
+            options["depends_on"] = [getattr(d, "pk", d) for d in task.depends_on]
+        body = {
+            "lease": self.lease,
+            "task": task.name,
+            "args": list(args),
+            "kwargs": dict(kwargs),
+            "options": {k: v for k, v in options.items() if v is not None},
+        }
+        status, answer = api.post(f"v1/jobs/{self.job_id}/spawn", body)
+        if status == 409 or status == 404:
+            raise SpawnRefused(
+                f"job {self.job_id} cannot spawn children: {(answer or {}).get('error', status)}"
+            )
+        if status != 201:
+            raise InvalidOption(f"the API refused the child job: {answer}")
+        child = answer["job"]
+        return Job(
+            pk=child["id"],
+            task=child["task"],
+            queue=child["queue"],
+            state=child["state"],
+            parent_id=self.job_id,
+        )
 
     def _check_may_spawn(self, alias: str) -> None:
         # FOR KEY SHARE, as the child's foreign key takes it: it waits for nobody that only

@@ -270,3 +270,9 @@ def import_customer(customer: int, seconds: float = 0.0) -> int:
     """A job limited per key: at most 2 running per customer (concurrency_key) at once."""
     time.sleep(seconds)
     return customer
+
+
+@job(name="tests.asks_if_cancelled", takes_context=True, max_attempts=1)
+def asks_if_cancelled(context: JobContext) -> bool:
+    """Return what the run's context says: whether it should stop."""
+    return context.is_cancelled()

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from django_jobs.models import Job, Worker
-from testproject.testjobs.jobs import crash, echo, record, retry_then_succeed, sleep
+from testproject.testjobs.jobs import (
+    asks_if_cancelled,
+    crash,
+    echo,
+    record,
+    retry_then_succeed,
+    sleep,
+    spawner,
+)
 from testproject.testjobs.models import Execution
 from tests.conftest import ROOT, WorkerProcess, connect, wait_for
 
@@ -240,3 +248,24 @@ def test_an_api_worker_waits_out_an_api_outage_and_then_records_the_finish(
     assert (job.attempt, job.attempts.get().outcome) == (1, "done")
     assert "API unreachable during" in worker.output
     assert "API reachable again" in worker.output
+
+
+def test_a_job_on_an_api_worker_asks_the_api_whether_it_is_cancelled_and_spawns_through_it(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    asks = asks_if_cancelled.enqueue()
+    parent = spawner.enqueue(2, 0)
+    worker = start_api_worker("--concurrency", "2")
+    try:
+        wait_for(lambda: state_of(parent) == "done" and state_of(asks) == "done", timeout=45)
+        assert jobs_database_sessions_of(worker) == []
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    asks.refresh_from_db()
+    assert asks.result is False
+    parent.refresh_from_db()
+    assert parent.result == "spawned all"
+    children = Job.objects.filter(parent_id=parent.pk)
+    assert sorted(c.args[0] for c in children) == ["child 0", "child 1"]
+    assert {c.state for c in children} == {"done"}

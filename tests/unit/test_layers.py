@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
         "cursor",
         "cron",
         "progress",
+        "apiclient",
     },
     # models, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_jobs import checks, logs
+from django_jobs import apiclient, checks, logs
 from django_jobs.exceptions import ApiRefused, InvalidOption
 from django_jobs.management.arguments import add_log_arguments, seconds, whole_number
 from django_jobs.worker import http_queue
@@ -103,7 +103,7 @@ class Command(BaseCommand):
             default=None,
             metavar="PATH",
             help="With --api: the file holding the API token (`manage.py createjobtoken`), read "
-            f"once at start (default: the environment variable {http_queue.TOKEN_VARIABLE}).",
+            f"once at start (default: the environment variable {apiclient.TOKEN_VARIABLE}).",
         )
         parser.add_argument(
             "--api-wait",
@@ -111,7 +111,7 @@ class Command(BaseCommand):
             default=10.0,
             metavar="SECONDS",
             help="With --api: how long an idle worker's claim waits on the server for a job "
-            f"(long polling; default: 10, at most {http_queue.MAX_WAIT:g}). A SIGTERM that comes "
+            f"(long polling; default: 10, at most {apiclient.MAX_WAIT:g}). A SIGTERM that comes "
             "during the wait is acted on when it ends.",
         )
         add_log_arguments(parser)
@@ -127,6 +127,9 @@ class Command(BaseCommand):
                 queue = http_queue.open_queue(api, options["token_file"], os.environ)
             except InvalidOption as exc:
                 raise CommandError(str(exc)) from None
+            # The executors' job contexts use the API too (JobContext.is_cancelled, spawn).
+            os.environ[apiclient.URL_VARIABLE] = queue.api.url
+            os.environ[apiclient.TOKEN_VARIABLE] = queue.api.token
         supervisor = Supervisor(
             queues=options["queues"],
             concurrency=options["concurrency"],
@@ -138,7 +141,7 @@ class Command(BaseCommand):
             listen=False if options["no_listen"] or queue else None,
             scheduler=not (options["no_scheduler"] or queue),
             db=queue,
-            long_poll=min(options["api_wait"], http_queue.MAX_WAIT) if queue else 0.0,
+            long_poll=min(options["api_wait"], apiclient.MAX_WAIT) if queue else 0.0,
         )
         if queue is not None:
             try:
