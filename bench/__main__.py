@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import cost, enqueue, latency, report, scale, throughput
+from bench import api, cost, enqueue, latency, report, scale, throughput
 from bench.core import DEFAULT_SERVER_URL, NOOP, ROOT, SLEEP, Context, Server
 from bench.systems import PEERS, all_systems
 
-PARTS = ("throughput", "enqueue", "latency", "scale", "cost")
+PARTS = ("throughput", "enqueue", "latency", "scale", "cost", "api")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,8 @@ class Profile:
     scale_claims: int
     cost_setups: tuple[cost.Setup, ...]
     cost_jobs: int
+    api_jobs: int = 20_000
+    api_workers: int = 1_000
 
 
 def standard(repetitions: int, full: bool) -> Profile:
@@ -94,6 +96,8 @@ def smoke() -> Profile:
         scale_claims=10,
         cost_setups=cost.SETUPS[:1],
         cost_jobs=100,
+        api_jobs=200,
+        api_workers=50,
     )
 
 
@@ -216,9 +220,18 @@ def main(argv: list[str] | None = None) -> int:
                 profile.cost_jobs,
                 progress,
             )
+        if "api" in parts:
+            results["api"] = api.run(
+                ctx,
+                profile.api_jobs,
+                profile.api_workers,
+                processes=4,
+                concurrency=8,
+                progress=progress,
+            )
     finally:
         if args.drop:
-            for key in [*systems, "scale"]:
+            for key in [*systems, "scale", "api"]:
                 server.drop(server.database(key))
 
     command = "python3 bench/run.py" + (" " + shlex.join(argv) if argv else "")

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from bench import api
 from bench.core import median
 
 LABELS = {
@@ -364,4 +365,6 @@ def markdown(results: dict[str, Any]) -> str:
             ],
         )
         out.append("")
+    if results.get("api"):
+        out += api.markdown(results["api"])
     return "\n".join(out)

@@ -15,10 +15,11 @@ With ``DATABASE_URL`` unset it starts an embedded PostgreSQL in ``.pgdata/`` (fr
 ``pgserver`` package) and stops it afterwards; with ``DATABASE_URL`` set it uses that server,
 creating the database if it does not exist.
 
-For the test suite it installs what the pgbouncer and browser tests run, Debian's ``pgbouncer``
-and ``chromium``, where it can (as root, with apt-get); elsewhere the suite skips those tests and
-says so in one line, with the command that installs them. It first stops, by pid, any pgbouncer
-that an earlier, killed test run of this checkout left behind (support/pgbouncer.py records them).
+For the test suite it installs what the pgbouncer, browser and curl-worker tests run, Debian's
+``pgbouncer``, ``chromium``, ``curl`` and ``jq``, where it can (as root, with apt-get); elsewhere
+the suite skips those tests and says so in one line, with the command that installs them. It
+first stops, by pid, any pgbouncer that an earlier, killed test run of this checkout left behind
+(support/pgbouncer.py records them).
 """
 
 from __future__ import annotations
@@ -40,8 +41,13 @@ PGDATA = ROOT / ".pgdata"
 #: The test tiers, each a folder of tests/: ``test unit`` runs tests/unit/ alone, and so on.
 TIERS = ("unit", "integration", "system")
 
-#: What the pgbouncer and browser tests run: Debian package -> the program it installs.
-TEST_PROGRAMS = {"pgbouncer": "/usr/sbin/pgbouncer", "chromium": "/usr/bin/chromium"}
+#: What the pgbouncer, browser and curl-worker tests run: Debian package -> the program it installs.
+TEST_PROGRAMS = {
+    "pgbouncer": "/usr/sbin/pgbouncer",
+    "chromium": "/usr/bin/chromium",
+    "curl": "/usr/bin/curl",
+    "jq": "/usr/bin/jq",
+}
 
 
 def say(message: str) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import httpx
 import psycopg
 import pytest
 from django.db import connection
@@ -33,6 +35,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NEEDS_DEBIAN_PACKAGE = {
     "pgbouncer": ("pgbouncer", pgbouncer_launcher.installed),
     "browser": ("chromium", lambda: Path(CHROMIUM).exists()),
+    "curl": ("curl", lambda: shutil.which("curl") is not None),
+    "jq": ("jq", lambda: shutil.which("jq") is not None),
 }
 
 
@@ -210,6 +214,77 @@ def start_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerPro
         if worker.proc.poll() is None:
             worker.kill()
             worker.proc.communicate()
+
+
+class ApiServer:
+    """``uvicorn testproject.asgi:application`` on the test database, serving the HTTP API on a
+    socket this process bound (so that its port is known and free before it starts)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0), backlog=2048)
+        port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/jobs/api/"
+        fd = self.socket.fileno()
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "uvicorn", "testproject.asgi:application"),
+                *("--fd", str(fd), "--log-level", "warning", "--backlog", "2048"),
+            ],
+            cwd=ROOT,
+            env=env,
+            pass_fds=(fd,),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._output: str | None = None
+
+    def ready(self, timeout: float = 30) -> None:
+        """Wait until the server answers (a claim without a token: 401)."""
+
+        def answers() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the API server exited:\n{self.stop()}")
+            with contextlib.suppress(httpx.TransportError):
+                return httpx.post(self.url + "v1/claim", timeout=5).status_code == 401
+            return False
+
+        wait_for(answers, timeout, interval=0.1)
+
+    def stop(self) -> str:
+        """SIGTERM it (SIGKILL if it lingers); its output."""
+        if self._output is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self._output, _ = self.proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self._output, _ = self.proc.communicate()
+            self.socket.close()
+        return self._output
+
+
+@pytest.fixture
+def start_api_server(
+    transactional_db: None, worker_env: dict[str, str]
+) -> Iterator[Callable[..., ApiServer]]:
+    """Start the HTTP API in uvicorn on the test database (with ``env`` added to the
+    environment); stopped at the end. Its tests are transactional: the server sees what they
+    commit."""
+    started: list[ApiServer] = []
+
+    def start(env: dict[str, str] | None = None) -> ApiServer:
+        server = ApiServer({**worker_env, **(env or {})})
+        started.append(server)
+        server.ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:

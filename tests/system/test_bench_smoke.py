@@ -20,7 +20,7 @@ from tests.conftest import ROOT, connect, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
-PARTS = ["throughput", "enqueue", "latency", "scale", "cost"]
+PARTS = ["throughput", "enqueue", "latency", "scale", "cost", "api"]
 PEERS = {"procrastinate", "tasks_db", "pgqueuer"}
 
 
@@ -98,3 +98,11 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
             "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", [prefix]
         ).fetchall()
     assert left == []
+
+    api = results["api"]
+    for mode in ("api", "db"):
+        assert api[mode]["jobs_per_s"] > 0 and api[mode]["db_cpu_per_job_s"] > 0, api[mode]
+    # The API's statements run on its 4 connections, plus 1 for its LISTEN.
+    assert 1 <= api["api"]["max_connections"] <= api["api_connections"] + 1
+    assert api["api"]["answers"]["finish 200"] == api["jobs"]
+    assert 0 < api["api"]["claim_p50_s"] <= api["api"]["claim_p99_s"]
