@@ -1,0 +1,105 @@
+"""The API served straight from the ASGI server, ahead of Django's request handling.
+
+Through Django's ASGI handler, every request of an async view runs the project's middleware
+and the request signals, and Django gives each request a thread of its own for the synchronous
+parts: at a fleet's request rates that costs more than the API's own work. :func:`with_api`
+wraps the project's ASGI application so that requests under the API's prefix go straight to
+the same views (the same checks, answers and errors; no middleware, no session, no CSRF, which
+the API does not use), and every other request to the project as before::
+
+    # myproject/asgi.py
+    from django.core.asgi import get_asgi_application
+    from django_jobs.api.asgi import with_api
+
+    application = with_api(get_asgi_application(), prefix="/jobs/api/")
+
+Keep ``path("jobs/api/", include("django_jobs.api.urls"))`` in urls.py too: it serves the API
+under WSGI, and names the views. The views are found with Django's URL resolver, over
+:mod:`django_jobs.api.urls` alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
+
+from django_jobs.api import protocol
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Application = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+URLCONF = "django_jobs.api.urls"
+
+
+def with_api(app: Application, prefix: str = "/jobs/api/") -> Application:
+    """``app``, with the requests whose path starts with ``prefix`` answered by the API."""
+    prefix = "/" + prefix.strip("/") + "/"
+
+    async def application(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(prefix):
+            await serve(scope, receive, send, scope["path"][len(prefix) :])
+        else:
+            await app(scope, receive, send)
+
+    return application
+
+
+async def serve(scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    """Answer one request of the API."""
+    request, too_big = await _request(scope, receive)
+    if too_big:
+        response: HttpResponse = JsonResponse(
+            {"error": f"the request body is over {protocol.max_body_bytes()} bytes", "field": None},
+            status=400,
+        )
+    else:
+        try:
+            match = resolve("/" + path, urlconf=URLCONF)
+        except Resolver404:
+            response = JsonResponse({"error": "no such endpoint", "field": None}, status=404)
+        else:
+            response = await match.func(request, **match.kwargs)
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
+
+
+async def _request(scope: Scope, receive: Receive) -> tuple[HttpRequest, bool]:
+    """The request as the views read it (method, headers, client, body); and whether its body
+    was over the limit (then not all of it is read)."""
+    meta: dict[str, Any] = {
+        "REQUEST_METHOD": scope.get("method", "GET"),
+        "PATH_INFO": scope["path"],
+        "REMOTE_ADDR": (scope.get("client") or ("", 0))[0],
+    }
+    for raw_name, raw_value in scope.get("headers", []):
+        name = raw_name.decode("latin-1").upper().replace("-", "_")
+        value = raw_value.decode("latin-1")
+        if name in ("CONTENT_LENGTH", "CONTENT_TYPE"):
+            meta[name] = value
+        else:
+            meta[f"HTTP_{name}"] = value
+    limit = protocol.max_body_bytes()
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            break
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    request = HttpRequest()
+    request.method = meta["REQUEST_METHOD"]
+    request.path = request.path_info = scope["path"]
+    request.META = meta
+    request._body = b"".join(chunks)
+    return request, size > limit
