@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 
-from django_jobs.models import Attempt, Job
+from django_jobs.models import Attempt, Job, Worker
 from testproject.testjobs.jobs import echo, sleep
 from tests.conftest import WorkerProcess, connect, wait_for
 
@@ -54,8 +54,10 @@ def idle_workers(start_worker, count: int, *args: str) -> Iterator[list[WorkerPr
     """``count`` workers, started and idle: each listens, or waits in line to."""
     started = [start_worker(*args) for _ in range(count)]
     try:
-        wait_for(lambda: _in_the_election() >= count, timeout=90)
-        time.sleep(1.5)  # their first claims are over
+        # Registered by their first heartbeat, then in line for the listener's place: the claims
+        # of their start are over.
+        wait_for(lambda: Worker.objects.count() >= count, timeout=90)
+        time.sleep(2)
         yield started
     finally:
         for worker in started:
@@ -63,16 +65,6 @@ def idle_workers(start_worker, count: int, *args: str) -> Iterator[list[WorkerPr
                 worker.signal(signal.SIGTERM)
         for worker in started:
             worker.wait(60)
-
-
-def _in_the_election() -> int:
-    """Sessions that hold or wait for a listener's advisory lock."""
-    with connect() as conn:
-        query = (
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        return int(conn.execute(query).fetchone()[0])
 
 
 def _listener() -> str | None:
