@@ -20,6 +20,7 @@ under WSGI, and names the views. The views are found with Django's URL resolver,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -52,6 +53,23 @@ def with_api(app: Application, prefix: str = "/jobs/api/") -> Application:
 async def serve(scope: Scope, receive: Receive, send: Send, path: str) -> None:
     """Answer one request of the API."""
     request, too_big = await _request(scope, receive)
+    # Once the body is read, the next message is the client hanging up: a long poll watches
+    # for it, so that it does not hand a job to nobody.
+    hangup = asyncio.ensure_future(receive())
+
+    def client_gone() -> bool:
+        if not hangup.done() or hangup.cancelled() or hangup.exception() is not None:
+            return False
+        return bool(hangup.result().get("type") == "http.disconnect")
+
+    request.client_gone = client_gone  # type: ignore[attr-defined]
+    try:
+        await _answer(request, too_big, path, send)
+    finally:
+        hangup.cancel()
+
+
+async def _answer(request: HttpRequest, too_big: bool, path: str, send: Send) -> None:
     if too_big:
         response: HttpResponse = JsonResponse(
             {"error": f"the request body is over {protocol.max_body_bytes()} bytes", "field": None},

@@ -125,25 +125,44 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
     )
     if wait <= 0:
         job = await pool.run(operations.claim, info, queues, skip)
-        return (204, None) if job is None else (200, protocol.claimed(job))
+        return (204, None) if job is None else await _hand_out(request, job)
     deadline = time.monotonic() + wait
     waiter = dispatcher.join(queues)
     passed_on: list[str] = []
     try:
         while True:
+            if _gone(request):
+                return 204, None  # nobody to answer: claim nothing
             woken = dispatcher.take(waiter)
             job = await pool.run(operations.claim, info, queues, skip)
             if job is not None:
                 # Woken for work and found some: there may be more (one notification may
                 # stand for many jobs), so the next waiter looks too.
                 passed_on = [job.queue] if woken else []
-                return 200, protocol.claimed(job)
+                return await _hand_out(request, job)
             remaining = deadline - time.monotonic()
             if remaining <= 0 and not dispatcher.pending(waiter):
                 return 204, None
             await waiter.wait(max(0.0, remaining))
     finally:
         dispatcher.leave(waiter, passed_on)
+
+
+def _gone(request: HttpRequest) -> bool:
+    """Whether the client hung up (known when served by :func:`django_jobs.api.asgi.with_api`)."""
+    gone = getattr(request, "client_gone", None)
+    return bool(gone is not None and gone())
+
+
+async def _hand_out(request: HttpRequest, job: Any) -> Answer:
+    """The answer of a claim that got ``job``; or, if the worker hung up while it waited (a
+    long poll it gave up on, a worker stopped), the job released unused: no worker would ever
+    run or heartbeat it, and only the reaper would find it."""
+    if not _gone(request):
+        return 200, protocol.claimed(job)
+    reason = "its worker hung up before the claim's answer"
+    await pool.run(operations.release, job.lease, reason)
+    return 204, None
 
 
 # ---------------------------------------------------------------------- a claimed job

@@ -29,6 +29,33 @@ from tests.conftest import ROOT, ApiServer, connect, wait_for
 CURL_WORKER = ROOT / "examples" / "curl-worker.sh"
 
 
+def test_a_long_poll_whose_worker_hung_up_hands_its_job_to_nobody(
+    start_api_server: Callable[..., ApiServer],
+) -> None:
+    server = start_api_server()
+    _, secret = tokens.create("hangup", ["remote"])
+    headers = {"Authorization": f"Bearer {secret}"}
+    body = {"worker": "gone", "queues": ["remote"], "wait": 20}
+    # The worker gives up after 1 s (a client timeout, a worker stopped): its connection closes
+    # while the server still waits for work on its behalf.
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "v1/claim", json=body, headers=headers, timeout=1)
+    time.sleep(0.5)
+    job = registry.get("remote.upper").enqueue("late")
+    time.sleep(1)  # the server has been woken for it by now
+
+    answer = httpx.post(
+        server.url + "v1/claim",
+        json={"worker": "alive", "queues": ["remote"], "wait": 5},
+        headers=headers,
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["job"]["id"], answer.json()["job"]["attempt"]) == (job.pk, 1)
+    job.refresh_from_db()
+    assert job.worker_id == "api:hangup:alive"
+
+
 def test_curl_worker_runs_remote_jobs_and_stops_on_sigterm(
     start_api_server: Callable[..., ApiServer], curl: None, jq: None, tmp_path: Path
 ) -> None:

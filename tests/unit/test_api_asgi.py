@@ -16,6 +16,8 @@ def call(app: Any, path: str, body: bytes = b"{}", method: str = "POST") -> dict
     chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
 
     async def receive() -> dict[str, Any]:
+        if not chunks:
+            await asyncio.sleep(3600)  # the client stays until the answer
         chunk = chunks.pop(0)
         return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
 
