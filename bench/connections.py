@@ -102,7 +102,7 @@ def measure(processes: int, slots: int, listen: bool, bouncer, pooled: bool) -> 
                 time.sleep(0.1)
             time.sleep(1.0)
             sessions = conn.execute(
-                "SELECT application_name, query ILIKE 'LISTEN%%', client_port"
+                "SELECT application_name, query ILIKE '%%listen%%', client_port"
                 " FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchall()

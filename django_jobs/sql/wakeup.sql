@@ -53,5 +53,6 @@ SELECT pg_advisory_unlock(current_setting('django_jobs.listener_key')::bigint)
 
 -- name: sync_listen_connection
 -- A round trip after the lock is granted: every notification the server held back during the
--- wait has been sent before this reply.
-SELECT 1
+-- wait has been sent before this reply. (Like every statement of this connection, its text
+-- names "listen": pg_stat_activity.query tells the LISTEN connections apart.)
+SELECT 'listening' AS django_jobs_listener
