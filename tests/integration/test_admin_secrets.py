@@ -20,7 +20,17 @@ from django.db import models
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from django_jobs.models import Attempt, Dashboard, Dependency, Job, Queue, Schedule, Worker
+from django_jobs.api import tokens
+from django_jobs.models import (
+    ApiToken,
+    Attempt,
+    Dashboard,
+    Dependency,
+    Job,
+    Queue,
+    Schedule,
+    Worker,
+)
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -105,6 +115,7 @@ def secret_job() -> dict[type[models.Model], Any]:
         Dependency: dependency,
         Worker: worker,
         Queue: Queue.objects.create(name=job.queue, paused=True, paused_by="ops"),
+        ApiToken: tokens.create("ops-fleet", [job.queue])[0],
     }
 
 
