@@ -1,14 +1,17 @@
 """The thundering herd: claim statements per job, and wake-up latency, with many idle workers.
 
-    python bench/herd.py [--workers 1,10,50] [--jobs 100] [--rate 20]
+    python bench/herd.py [--workers 1,10,50] [--jobs 100] [--rate 20] [--poll-interval 300]
 
-For each number of idle ``runjobworker`` processes (concurrency 1, LISTEN on, the default poll
-interval), ``--jobs`` jobs are enqueued one by one, each in its own transaction, at ``--rate``
-a second. PostgreSQL counts the claims (``track_functions = 'pl'`` counts the calls of
-``django_jobs_claim``, the claim function; a session reports them about once a second and at
-its end): claims per job is the count over the run, polls and finish-and-claims included,
-divided by the jobs. The wake-up latency is the job's start (the ``stamp`` job returns the wall
-clock) minus the time the enqueueing commit returned, as in bench/wakeup.py.
+For each number of idle ``runjobworker`` processes (concurrency 1, LISTEN on, polls
+``--poll-interval`` apart: 300 s, so that the count is of the claims that notifications cause),
+``--jobs`` jobs are enqueued one by one, each in its own transaction, at ``--rate`` a second.
+PostgreSQL counts the claims (``track_functions = 'pl'`` counts the calls of
+``django_jobs_claim``, the claim function). A session reports them at most once a second, and
+what it did within a second of its last report only once it has been idle for 10 s: the count
+is read once it has not moved for 11 s, before and after the jobs. Claims per job is the
+count's rise, finish-and-claims included, divided by the jobs. The wake-up latency is the
+job's start (the ``stamp`` job returns the wall clock) minus the time the enqueueing commit
+returned, as in bench/wakeup.py.
 
 Uses ``DATABASE_URL`` (default: a ``bench_herd`` database on the local server); the role must
 be a superuser, to set ``track_functions``.
@@ -42,6 +45,17 @@ def claims() -> int:
         return int(cursor.fetchone()[0])
 
 
+def settled() -> int:
+    """The claim count once every session has reported (unchanged for 11 s)."""
+    last = claims()
+    while True:
+        time.sleep(11)
+        now = claims()
+        if now == last:
+            return now
+        last = now
+
+
 def wait_until(predicate: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():  # type: ignore[operator]
@@ -50,7 +64,7 @@ def wait_until(predicate: object, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def run(workers: int, jobs: int, rate: float) -> tuple[float, list[float]]:
+def run(workers: int, jobs: int, rate: float, poll: float) -> tuple[float, list[float]]:
     """Claims per job, and the wake-up latencies in ms, with ``workers`` idle workers."""
     from django.db import connection, transaction
 
@@ -63,7 +77,10 @@ def run(workers: int, jobs: int, rate: float) -> tuple[float, list[float]]:
     env = {**os.environ, "JOBS_LISTEN": "true"}
     started = [
         subprocess.Popen(
-            [sys.executable, "manage.py", "runjobworker", "--no-scheduler"],
+            [
+                *(sys.executable, "manage.py", "runjobworker", "--no-scheduler"),
+                *("--poll-interval", str(poll)),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -81,8 +98,7 @@ def run(workers: int, jobs: int, rate: float) -> tuple[float, list[float]]:
             60 + 3 * workers,
             "the workers did not start",
         )
-        time.sleep(3)
-        before = claims()
+        before = settled()
         committed: dict[int, float] = {}
         start = time.monotonic()
         for n in range(jobs):
@@ -97,8 +113,7 @@ def run(workers: int, jobs: int, rate: float) -> tuple[float, list[float]]:
             60,
             "the jobs did not finish",
         )
-        time.sleep(2)  # the sessions report their claims
-        spent = claims() - before
+        spent = settled() - before
         results = dict(Job.objects.filter(pk__in=committed).values_list("pk", "result"))
         return spent / jobs, sorted((results[pk] - at) * 1000 for pk, at in committed.items())
     finally:
@@ -113,6 +128,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,10,50", help="idle worker counts (1,10,50)")
     parser.add_argument("--jobs", type=int, default=100, help="jobs per run (100)")
     parser.add_argument("--rate", type=float, default=20.0, help="jobs per second (20)")
+    parser.add_argument(
+        "--poll-interval", type=float, default=300.0, help="workers' poll interval, s (300)"
+    )
     args = parser.parse_args()
     from bench.core import ensure_migrated, percentile
 
@@ -129,7 +147,7 @@ def main() -> None:
     print("| idle workers | jobs | claims per job | wake-up p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
     for workers in (int(n) for n in args.workers.split(",")):
-        per_job, latencies = run(workers, args.jobs, args.rate)
+        per_job, latencies = run(workers, args.jobs, args.rate, args.poll_interval)
         print(
             f"| {workers} | {len(latencies)} | {per_job:.2f} |"
             f" {percentile(latencies, 50):.2f} | {percentile(latencies, 99):.2f} |",

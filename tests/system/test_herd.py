@@ -44,9 +44,17 @@ def claims() -> Callable[[], int]:
 
 
 def settled(count: Callable[[], int]) -> int:
-    """The claim count once the sessions have reported what they did (stats come ~1 s late)."""
-    time.sleep(1.5)
-    return count()
+    """The claim count once every session has reported its claims. A backend reports at most
+    once a second; what it did since a report less than a second old comes only after it has
+    been idle for 10 s (PostgreSQL's PGSTAT_IDLE_INTERVAL). So: once the count has not moved
+    for 11 s (these tests' workers poll minutes apart)."""
+    last = count()
+    while True:
+        time.sleep(11)
+        now = count()
+        if now == last:
+            return now
+        last = now
 
 
 @contextmanager
@@ -85,7 +93,7 @@ def all_done(jobs: list[Job], timeout: float = 30) -> None:
 def test_jobs_enqueued_one_by_one_to_ten_idle_workers_cost_under_three_claims_each(
     start_worker, claims
 ) -> None:
-    with idle_workers(start_worker, IDLE_WORKERS):
+    with idle_workers(start_worker, IDLE_WORKERS, "--poll-interval", "300"):
         before = settled(claims)
         jobs = []
         for n in range(40):
