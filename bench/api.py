@@ -276,11 +276,11 @@ def verify(jobs: int, task: str) -> None:
 
 
 def api_run(args: argparse.Namespace) -> dict[str, Any]:
-    from django_jobs.api import tokens
     from django_jobs.enqueue import enqueue_many
     from django_jobs.registry import registry
+    from django_jobs.tokens import auth
 
-    _, token = tokens.create("bench", ["remote"])
+    _, token = auth.create("bench", ["remote"])
     port = free_port()
     env = {**os.environ, "JOBS_API_CONNECTIONS": str(API_CONNECTIONS)}
     server = spawn(

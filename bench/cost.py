@@ -220,15 +220,15 @@ def statements_probe(jobs: int) -> list[dict[str, Any]]:
     import psycopg
     from django.db import connection
 
-    from django_jobs import transitions
-    from django_jobs.worker.connection import connection_params
+    from django_jobs import store
+    from django_jobs.store.connection import connection_params
 
     def ours(conn: Any) -> tuple[Any, Any]:
         def claim() -> Any:
-            return transitions.claim(conn.cursor(), "statements:1:x", None)
+            return store.claim(conn.cursor(), "statements:1:x", None)
 
         def finish(job: Any) -> Any:
-            return transitions.finish(conn.cursor(), job.lease, "done", result_json="null")
+            return store.finish(conn.cursor(), job.lease, "done", result_json="null")
 
         return claim, finish
 

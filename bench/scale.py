@@ -5,7 +5,7 @@ mostly finished jobs (done 95 %, error 2 %, cancelled 1 %, each with its attempt
 waiting (1 %, each on a scheduled job) and scheduled (1 %, due tomorrow) ones. After each fill
 the tables are vacuumed and analysed, as autovacuum would. At each size:
 
-- the claim, django-jobs' own ``transitions.claim``, run many times, each in a transaction that
+- the claim, django-jobs' own ``store.claim``, run many times, each in a transaction that
   is rolled back so that every run sees the same table: the median round trip as the client
   sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
   BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
@@ -158,19 +158,19 @@ def _grow(conn: Any, rows_now: int, target: int) -> float:
 
 
 def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
-    from django_jobs import transitions
+    from django_jobs import store
 
     round_trips = []
     for _ in range(claims):
         with conn.cursor() as cursor:
             start = time.perf_counter()
-            job = transitions.claim(cursor, "scale-probe:1:x", None)
+            job = store.claim(cursor, "scale-probe:1:x", None)
             round_trips.append(time.perf_counter() - start)
         conn.rollback()
         if job is None:
             raise RuntimeError("the claim found no ready job")
 
-    sql, params = transitions.claim_sql(None)
+    sql, params = store.claim_sql(None)
     executions = []
     buffers = []
     plan = ""
@@ -232,7 +232,7 @@ _CONTROLS: dict[str, dict[str, Any]] = {
 
 
 def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
-    from django_jobs.sql import query
+    from django_jobs.store.sql import query
 
     results = {}
     for name, case in _CONTROLS.items():

@@ -8,7 +8,7 @@ For each N schedulers x M schedules it makes M yearly schedules, then measures t
 each a pass of every scheduler at once (threads, one connection each, as workers have): an idle
 tick (nothing due), and a firing tick (all M made due by hand: each enqueues once). Yearly, so
 that a pass that runs past a minute boundary fires no second, genuine tick. A
-statement is one call of ``django_jobs.db.execute`` (one round trip; counted in-process) plus
+statement is one call of ``django_jobs.store.db.execute`` (one round trip; counted in-process) plus
 the BEGIN and COMMIT of each transaction. Run it with the project's virtualenv
 (``.venv/bin/python``); the database is created and migrated if needed.
 """
@@ -32,7 +32,7 @@ class Counting:
     """Counts statements per thread by wrapping ``db.execute`` and ``db.transaction``."""
 
     def __init__(self) -> None:
-        from django_jobs import db
+        from django_jobs.store import db
 
         self.counts: Counter[int] = Counter()
         self.lock = threading.Lock()
@@ -61,7 +61,7 @@ class Counting:
 
 def one_tick(conns: list[Any], tasks: list[str]) -> tuple[int, float]:
     """Every scheduler's pass at once: (jobs fired, seconds)."""
-    from django_jobs import ticks
+    from django_jobs.schedules import ticks
 
     barrier = threading.Barrier(len(conns))
     fired: list[int] = []

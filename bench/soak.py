@@ -5,7 +5,7 @@
     .venv/bin/python bench/soak.py --minutes 10 --rate 300 --workers 6 --output soak.json
 
 A producer enqueues ``--rate`` jobs a second; ``--workers`` threads claim and finish them with
-the real statements of ``django_jobs.transitions`` (one connection each, autocommit), 3% of them
+the real statements of ``django_jobs.store`` (one connection each, autocommit), 3% of them
 failing and being retried; a heartbeat thread beats for every worker once a second. During the
 middle third of the run another session holds a transaction open (idle, REPEATABLE READ), as a
 forgotten ``psql`` or a long report would: vacuum cannot remove the row versions it might still
@@ -102,14 +102,14 @@ def producer(url: str, run: Run, rate: float) -> None:
 
 def worker(url: str, run: Run, worker_id: str, work_seconds: float) -> None:
     """Claim, "run" for ``work_seconds``, finish; 3% of attempts fail and are retried."""
-    from django_jobs import transitions
+    from django_jobs import store
 
     rng = random.Random(worker_id)
     with connect(url) as conn, conn.cursor() as cursor:
         while not run.stop.is_set():
             try:
                 begun = time.monotonic()
-                job = transitions.claim(cursor, worker_id, None)
+                job = store.claim(cursor, worker_id, None)
                 took = time.monotonic() - begun
                 run.claims.append(Sample(begun, run.phase(begun), took, job is not None))
                 if job is None:
@@ -117,13 +117,11 @@ def worker(url: str, run: Run, worker_id: str, work_seconds: float) -> None:
                     continue
                 time.sleep(work_seconds * rng.uniform(0.5, 1.5))
                 if rng.random() < 0.03:
-                    transitions.finish(
-                        cursor, job.lease, "error", error="soak failure", retry_delay=0.5
-                    )
+                    store.finish(cursor, job.lease, "error", error="soak failure", retry_delay=0.5)
                     with run.lock:
                         run.failed += 1
                 else:
-                    transitions.finish(cursor, job.lease, "done", result_json="null")
+                    store.finish(cursor, job.lease, "done", result_json="null")
                     with run.lock:
                         run.finished += 1
             except Exception as exc:  # keep going; report at the end
@@ -133,13 +131,13 @@ def worker(url: str, run: Run, worker_id: str, work_seconds: float) -> None:
 
 def heartbeats(url: str, run: Run, worker_ids: list[str]) -> None:
     """One heartbeat a second per worker: the worker table's steady HOT updates."""
-    from django_jobs import transitions
+    from django_jobs import store
 
     with connect(url) as conn, conn.cursor() as cursor:
         while not run.stop.wait(1.0):
             for worker_id in worker_ids:
-                info = transitions.WorkerInfo(worker_id, "soak", "soak-host", os.getpid(), [], 1)
-                transitions.heartbeat(cursor, info, [])
+                info = store.WorkerInfo(worker_id, "soak", "soak-host", os.getpid(), [], 1)
+                store.heartbeat(cursor, info, [])
 
 
 def long_transaction(url: str, run: Run) -> None:

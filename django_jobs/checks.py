@@ -8,8 +8,9 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from django_jobs import conf, queues, schedules
+from django_jobs import conf, queues
 from django_jobs.exceptions import InvalidOption
+from django_jobs.schedules import declarations
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -75,7 +76,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     ``manage.py check`` and most commands report it; a worker or scheduler starts anyway (one
     bad schedule must not stop the others, nor the jobs) and logs it (see :func:`but_schedules`)."""
 
-    _, errors = schedules.declared()
+    _, errors = declarations.declared()
     return [
         checks.Error(
             f"A periodic job cannot run: {why}",

@@ -304,7 +304,7 @@ def scheduler_interval() -> float:
 
 def read_database_alias() -> str:
     """``JOBS_READ_DATABASE``: the database alias of the read-only queries of the admin's
-    dashboard, ``jobstats`` and the readers of :mod:`django_jobs.stats` (a streaming replica,
+    dashboard, ``jobstats`` and the readers of :mod:`django_jobs.store.stats` (a streaming replica,
     say). The job list, the actions and every write stay on ``JOBS_DATABASE``. Default: the
     alias of ``JOBS_DATABASE``."""
     return str(_get("JOBS_READ_DATABASE", None) or database_alias())
@@ -338,7 +338,7 @@ def queue_limits() -> dict[str, int]:
     """``JOBS_QUEUE_LIMITS``: cluster-wide limits on running jobs per queue, ``{"gpu": 4}``.
     Synced into the queue table when a worker starts (an admin edit of a queue's limit wins
     over it). Default ``{}``. Checked by ``manage.py check``; read with
-    :func:`django_jobs.queues.check_limits`."""
+    :func:`django_jobs.queues.controls.check_limits`."""
     value = _get("JOBS_QUEUE_LIMITS", {})
     return dict(value) if isinstance(value, dict) else value
 

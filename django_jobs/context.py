@@ -11,9 +11,10 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_jobs import conf, db
+from django_jobs import conf
 from django_jobs.exceptions import SpawnRefused
 from django_jobs.progress import BadProgress, Progress, checked
+from django_jobs.store import db
 
 #: The job's own logger (its records are captured with the job's log, see worker/capture.py).
 logger = logging.getLogger("django_jobs.job")

@@ -18,14 +18,15 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
 
-from django_jobs import conf, db, workflows
+from django_jobs import conf, workflows
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models import Job
 from django_jobs.registry import Task, registry
-from django_jobs.sql import query
 from django_jobs.states import ENQUEUE, UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
+from django_jobs.store import db
+from django_jobs.store.sql import query
 
 logger = logging.getLogger("django_jobs.enqueue")
 
@@ -137,7 +138,7 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
 
 # Bulk enqueue writes its rows with one COPY (after reserve_jobs, see enqueue.sql): their ids,
 # their arguments, and the values they share that differ from the columns' defaults, which
-# enqueue_many names in the column list. The one statement that is not in django_jobs/sql/.
+# enqueue_many names in the column list. The one statement that is not in django_jobs/store/sql/.
 _COPY = ENQUEUE.statement("COPY django_jobs_job ({columns}) FROM STDIN")
 
 

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_jobs import conf, db
+from django_jobs import conf
 from django_jobs.cursor import Cursor
-from django_jobs.transitions import RunningJob
+from django_jobs.store import RunningJob, db
 
 logger = logging.getLogger("django_jobs.reaper")
 

@@ -1,6 +1,6 @@
 """Retention: delete finished jobs, with their attempts and dependency rows, in bounded batches.
 
-Each batch is one statement (``prune_batch`` of django_jobs/sql/prune.sql) in its own short
+Each batch is one statement (``prune_batch`` of django_jobs/store/sql/prune.sql) in its own short
 transaction: it takes the next ``batch_size`` finished jobs in ``(finished_at, id)`` order,
 keeps those an unfinished job still needs, locks the rest with ``SKIP LOCKED`` and deletes them.
 No batch holds a lock for long, and nothing is one giant transaction, so workers keep claiming
@@ -23,18 +23,19 @@ from typing import Any
 
 from django.db import connections
 
-from django_jobs import conf, db, transitions
+from django_jobs import conf, store
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
-from django_jobs.sql import query
 from django_jobs.states import TERMINAL_STATES
+from django_jobs.store import db
+from django_jobs.store.sql import query
 
 
-def delete_jobs(cursor: Cursor, ids: list[int]) -> transitions.Changes:
+def delete_jobs(cursor: Cursor, ids: list[int]) -> store.Changes:
     """Delete the finished jobs among ``ids`` as a prune would: the ids deleted, and those
     another transaction held."""
     rows = db.execute(cursor, query("delete_finished_jobs"), {"ids": ids}).fetchall()
-    return transitions.changes_of(rows)
+    return store.changes_of(rows)
 
 
 @dataclasses.dataclass

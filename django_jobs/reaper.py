@@ -1,7 +1,7 @@
 """The reaper: recover running jobs whose worker is gone, or that ran far past their timeout.
 
 Each job is handled in its own short statement with SKIP LOCKED, and the reason is re-checked
-inside it (see :func:`django_jobs.transitions.reap`), so the reaper never touches a job that
+inside it (see :func:`django_jobs.store.reap`), so the reaper never touches a job that
 finished, was re-claimed, or whose worker turned out to be alive. A reaped attempt ends ``lost``
 (or ``timeout``); the job is retried while attempts remain, and ends ``error`` otherwise.
 
@@ -23,15 +23,15 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from django_jobs import conf, db, transitions, workflows
+from django_jobs import conf, store, workflows
 from django_jobs.cursor import Cursor
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
+from django_jobs.runtime.backoff import first_line
+from django_jobs.runtime.identity import name_of
 from django_jobs.states import Outcome
-from django_jobs.transitions import Lease, RunningJob, WorkerInfo
-from django_jobs.worker.backoff import first_line
-from django_jobs.worker.connection import is_connection_fatal
-from django_jobs.worker.identity import name_of
+from django_jobs.store import Lease, RunningJob, WorkerInfo, db
+from django_jobs.store.connection import is_connection_fatal
 
 logger = logging.getLogger("django_jobs.reaper")
 # The recovery a worker makes for itself is logged as the worker's.
@@ -105,7 +105,7 @@ def end_attempts(
         state = None
         if not dry_run:
             try:
-                ended = transitions.reap(
+                ended = store.reap(
                     cursor,
                     job.lease,
                     outcome,
@@ -167,7 +167,7 @@ def reap_pass(
                     emit(line)
                 else:
                     logger.warning(line, extra={"job_id": job_id})
-        running = transitions.running_jobs(cursor, grace)
+        running = store.running_jobs(cursor, grace)
         if not running:
             return report
         verdicts = liveness.dead_workers(running, cursor)
@@ -183,7 +183,7 @@ def reap_pass(
         report.actions = end_attempts(cursor, candidates, dry_run=dry_run, emit=emit)
         if not dry_run:
             for worker_id, verdict in sorted(verdicts.items()):
-                transitions.delete_worker_if_idle(cursor, worker_id, verdict.silence)
+                store.delete_worker_if_idle(cursor, worker_id, verdict.silence)
     return report
 
 
@@ -254,7 +254,7 @@ def recover_earlier_boots(cursor: Cursor, worker: WorkerInfo) -> list[ReapAction
     """Recover jobs left running by an earlier boot of ``worker``'s name on its host (a
     container restarted in its pod keeps the pod name): that boot is certainly gone."""
     candidates: list[tuple[RunningJob, str, str, float | None]] = []
-    for job in transitions.running_jobs(cursor, conf.timeout_grace()):
+    for job in store.running_jobs(cursor, conf.timeout_grace()):
         earlier = job.lease.worker_id
         if earlier == worker.id or name_of(earlier) != worker.name:
             continue
@@ -292,7 +292,7 @@ def recover_orphans(
     release: Callable[[Lease, dict[str, Any], str], None],
 ) -> None:
     """Deal with jobs running under a worker's id that it does not run (see
-    transitions.heartbeat). Neither case is the job's fault, so neither costs an attempt:
+    store.heartbeat). Neither case is the job's fault, so neither costs an attempt:
     a finish the database lost is written again from memory (it is fenced on the lease, so
     writing it twice is safe); any other orphan is a claim whose reply never reached the
     worker, and is ``release``d."""

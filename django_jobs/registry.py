@@ -371,7 +371,7 @@ def job(
     :class:`~django_jobs.context.JobContext` as its first argument. ``retry_backoff`` is a
     ``(base, cap)`` pair of seconds or a function of the failed attempt number. ``schedule``
     (a cron expression, UTC) also runs it periodically, as the schedule named after the task
-    (see :mod:`django_jobs.schedules`; an invalid expression is a system check error).
+    (see :mod:`django_jobs.schedules.declarations`; an invalid expression is a system check error).
     ``concurrency_limit`` caps the running jobs that share a concurrency key across all
     workers: the key given with ``using(concurrency_key=...)``, else the task's name.
     """

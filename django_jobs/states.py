@@ -9,7 +9,7 @@ Every write to ``state`` makes one of the :class:`Transition` s declared below, 
 everywhere else are derived from them:
 
 - each statement that writes ``state`` is declared with its transition (a ``-- transition:
-  claim`` line under its name in django_jobs/sql/, which the loader passes to
+  claim`` line under its name in django_jobs/store/sql/, which the loader passes to
   :meth:`Transition.statement`) and picks its rows with the transition's
   :meth:`~Transition.guard`, the ``WHERE state ...`` rendered from its source states, spelled
   in the SQL exactly as the transition renders it;
@@ -130,7 +130,7 @@ class Transition:
 
     def statement(self, sql: str) -> str:
         """Declare ``sql`` as a statement that makes this transition; return it as it is. (The
-        loader of django_jobs/sql/ declares the statements of the ``.sql`` files.)"""
+        loader of django_jobs/store/sql/ declares the statements of the ``.sql`` files.)"""
         _STATEMENTS[sql] = self
         return sql
 

@@ -22,7 +22,7 @@ promoted (or the parent finalized) at least once, and the ``WHERE state = 'waiti
 it at most once. If a process dies midway, :func:`repair` (run by the reaper) finds and settles
 what was left: the progress is the rows' own states, so there is nothing else to lose.
 
-Every statement here (django_jobs/sql/workflows.sql) locks a small batch of rows (``BATCH``),
+Every statement here (django_jobs/store/sql/workflows.sql) locks a small batch of rows (``BATCH``),
 with ``SKIP LOCKED`` (and the bounded waits of db.py), and comes back later for the rows it
 skipped. The steps can run a slice at a time (``Settling.run(until=...)``), so that a worker
 settling a million dependents goes on sending heartbeats and running jobs in between.
@@ -36,10 +36,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from django_jobs import db, transitions
+from django_jobs import store
 from django_jobs.cursor import Cursor
-from django_jobs.sql import query
 from django_jobs.states import TERMINAL_STATES, UNSUCCESSFUL_STATES, State
+from django_jobs.store import db
+from django_jobs.store.sql import query
 
 logger = logging.getLogger("django_jobs.workflows")
 
@@ -48,8 +49,8 @@ BATCH = 100
 #: A step that skipped rows because another transaction held them comes back for them this many
 #: times, waiting longer each time; what is still held then is left to whoever holds it, and to
 #: the reaper's repair pass.
-SKIPPED_RETRIES = transitions.BUSY_RETRIES
-SKIPPED_PAUSE = transitions.BUSY_PAUSE
+SKIPPED_RETRIES = store.BUSY_RETRIES
+SKIPPED_PAUSE = store.BUSY_PAUSE
 
 
 def settle_new_dependents(cursor: Cursor, job_ids: Sequence[int]) -> dict[str, int]:
@@ -250,25 +251,25 @@ def settle(cursor: Cursor, job_id: int) -> None:
 
 def cancel_with_cascade(
     cursor: Cursor, ids: Sequence[int], reason: str = "cancelled"
-) -> list[transitions.Cancelled]:
+) -> list[store.Cancelled]:
     """Cancel jobs and everything hanging off them.
 
     Each job: pending or waiting ends at once, running is asked to stop (its worker stops it
     within a heartbeat interval). Its descendants likewise. Its dependents, transitively, are
-    cancelled once it has ended. Returns :class:`~django_jobs.transitions.Cancelled` entries for
+    cancelled once it has ended. Returns :class:`~django_jobs.store.Cancelled` entries for
     the jobs named in ``ids`` that changed.
     """
-    return transitions.until_free(
+    return store.until_free(
         lambda batch: cancel_batch_with_cascade(cursor, batch, reason), ids
     ).changed
 
 
 def cancel_batch_with_cascade(
     cursor: Cursor, ids: Sequence[int], reason: str = "cancelled"
-) -> transitions.Changes:
+) -> store.Changes:
     """:func:`cancel_with_cascade` for one small batch, without coming back for the jobs another
     transaction held (they are ``busy`` in the result)."""
-    changes = transitions.cancel_without_cascade(cursor, ids, reason)
+    changes = store.cancel_without_cascade(cursor, ids, reason)
     settling = Settling()
     for entry in changes.changed:
         if entry.linked:

@@ -13,7 +13,7 @@ This module assembles :class:`JobAdmin` from its parts and registers it and the 
 - :mod:`~django_jobs.admin.masking`: the masked payloads, errors and tracebacks;
 - :mod:`~django_jobs.admin.actions`: retry, cancel, run now and delete, with their permissions;
 - :mod:`~django_jobs.admin.dashboard`: the dashboard page;
-- :mod:`~django_jobs.admin.schedules` (and its form, :mod:`~django_jobs.admin.schedule_form`):
+- :mod:`~django_jobs.schedules.admin` (and its form, :mod:`~django_jobs.schedules.forms`):
   the periodic jobs, registered there.
 """
 
@@ -45,10 +45,10 @@ from django_jobs.admin.listing import (
     job_id,
     storable,
 )
-from django_jobs.admin.queues import QueueAdmin
-from django_jobs.admin.schedules import ScheduleAdmin
-from django_jobs.admin.tokens import ApiTokenAdmin
 from django_jobs.models import Dashboard, Job
+from django_jobs.queues.admin import QueueAdmin
+from django_jobs.schedules.admin import ScheduleAdmin
+from django_jobs.tokens.admin import ApiTokenAdmin
 
 __all__ = [
     "MAX_JOB_ID",

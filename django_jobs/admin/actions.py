@@ -1,6 +1,6 @@
 """What an operator may do to jobs from the admin, and who may: retry, cancel and run now (from
 the list's action menu or the buttons on a job's page), and delete finished jobs. Each is done
-by :mod:`django_jobs.actions` in short transactions, and each checks its own permission
+by :mod:`django_jobs.operator_actions` in short transactions, and each checks its own permission
 (``retry_job``, ``cancel_job``, ``run_job_now``; Django's ``delete_job`` for deleting).
 """
 
@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 
-from django_jobs import actions, conf
+from django_jobs import conf, operator_actions
 from django_jobs.models import Attempt, Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
 
@@ -46,7 +46,7 @@ class JobActions(admin.ModelAdmin):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         # A small batch per statement, SKIP LOCKED, never one transaction over the selection.
-        report = actions.delete(queryset.filter(state__in=TERMINAL_STATES))
+        report = operator_actions.delete(queryset.filter(state__in=TERMINAL_STATES))
         if report.skipped:
             self.message_user(request, report.message("deleted"), messages.WARNING)
 
@@ -87,17 +87,19 @@ class JobActions(admin.ModelAdmin):
 
     @admin.action(description="Retry selected jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._report(request, actions.retry(queryset), "requeued")
+        self._report(request, operator_actions.retry(queryset), "requeued")
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._report(request, actions.cancel(queryset), "cancelled or asked to stop")
+        self._report(request, operator_actions.cancel(queryset), "cancelled or asked to stop")
 
     @admin.action(description="Run selected pending jobs now", permissions=["run_now"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._report(request, actions.run_now(queryset), "made ready now")
+        self._report(request, operator_actions.run_now(queryset), "made ready now")
 
-    def _report(self, request: HttpRequest, report: actions.ActionReport, done: str) -> None:
+    def _report(
+        self, request: HttpRequest, report: operator_actions.ActionReport, done: str
+    ) -> None:
         level = messages.SUCCESS if report.changed else messages.WARNING
         self.message_user(request, report.message(done), level)
 

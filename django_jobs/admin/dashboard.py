@@ -1,5 +1,5 @@
 """The dashboard page, listed in the admin index beside the jobs: one page over the proxy model
-:class:`~django_jobs.models.Dashboard`, filled by :func:`django_jobs.dashboard.context`.
+:class:`~django_jobs.models.Dashboard`, filled by :func:`django_jobs.store.overview.context`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from django_jobs import dashboard as dashboard_data
 from django_jobs import queues
 from django_jobs.exceptions import InvalidOption
+from django_jobs.store import overview as dashboard_data
 
 
 class DashboardAdmin(admin.ModelAdmin):

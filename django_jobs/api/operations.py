@@ -1,7 +1,7 @@
 """What each endpoint does in the database: plain synchronous functions, each run in a thread
-of the API's pool (:mod:`django_jobs.api.pool`) with that thread's connection.
+of the API's pool (:mod:`django_jobs.api.thread_pool`) with that thread's connection.
 
-They use the statements every worker uses (:mod:`django_jobs.transitions`), so a job claimed
+They use the statements every worker uses (:mod:`django_jobs.store`), so a job claimed
 over the API is fenced, reaped and retried like any other, and the enqueue of
 :mod:`django_jobs.enqueue`, so a job enqueued over the API is checked like any other.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_jobs import conf, transitions, workflows
+from django_jobs import conf, store, workflows
 from django_jobs.api.protocol import ApiError, Call, Finish, option_field
 from django_jobs.context import JobContext
 from django_jobs.exceptions import (
@@ -27,7 +27,7 @@ from django_jobs.exceptions import (
 )
 from django_jobs.progress import Progress
 from django_jobs.registry import Task, registry
-from django_jobs.transitions import Beat, ClaimedJob, Ended, Lease, WorkerInfo
+from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo
 
 
 def _cursor() -> Any:
@@ -83,16 +83,16 @@ def claim(
     with _cursor() as cursor:
         if registrations.due(worker.id):
             try:
-                transitions.heartbeat(cursor, worker, [], [])
+                store.heartbeat(cursor, worker, [], [])
             except Exception:
                 registrations.forget(worker.id)
                 raise
-        return transitions.claim(cursor, worker.id, queues, skip)
+        return store.claim(cursor, worker.id, queues, skip)
 
 
 def heartbeat(worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]) -> Beat:
     with _cursor() as cursor:
-        return transitions.heartbeat(cursor, worker, leases, unwritten)
+        return store.heartbeat(cursor, worker, leases, unwritten)
 
 
 def finish(lease: Lease, ending: Finish) -> Ended | None:
@@ -106,7 +106,7 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
                 row = cursor.fetchone()
                 if row is not None:
                     retry_delay = registry.backoff_for(row[0], lease.attempt)
-        ended = transitions.finish(
+        ended = store.finish(
             cursor,
             lease,
             ending.outcome,
@@ -123,17 +123,17 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
 
 def release(lease: Lease, reason: str) -> bool:
     with _cursor() as cursor:
-        return transitions.release(cursor, lease, reason)
+        return store.release(cursor, lease, reason)
 
 
-def record_live(lease: Lease, progress: Progress | None, log: str | None) -> transitions.Recorded:
+def record_live(lease: Lease, progress: Progress | None, log: str | None) -> store.Recorded:
     with _cursor() as cursor:
-        return transitions.record_live(cursor, lease, progress, log)
+        return store.record_live(cursor, lease, progress, log)
 
 
 def attempt_outcome(lease: Lease) -> str | None:
     with _cursor() as cursor:
-        return transitions.attempt_outcome(cursor, lease)
+        return store.attempt_outcome(cursor, lease)
 
 
 def _task(call: Call, held: Any) -> Task:

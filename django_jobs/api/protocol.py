@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from django_jobs import conf
-from django_jobs.transitions import ClaimedJob, Lease
+from django_jobs.store import ClaimedJob, Lease
 
 
 class ApiError(Exception):

@@ -1,7 +1,7 @@
 """The endpoints of API v1 (the contract is docs/http-api.md).
 
 Each view is asynchronous: a request that waits for work holds no thread and no connection.
-What it needs of the database runs in the API's pool (:mod:`django_jobs.api.pool`); every
+What it needs of the database runs in the API's pool (:mod:`django_jobs.api.thread_pool`); every
 check comes first, so a request refused with a 4xx has written nothing. No endpoint imports
 anything a request names: a task is looked up in the registry, or refused.
 """
@@ -20,13 +20,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_jobs import conf
-from django_jobs.api import operations, pool, protocol
+from django_jobs.api import operations, protocol, thread_pool
 from django_jobs.api.protocol import ApiError
-from django_jobs.api.tokens import Grant, cache
 from django_jobs.api.waiting import dispatcher
+from django_jobs.models.api_token import ALL_QUEUES
 from django_jobs.progress import BadProgress, Progress, checked
 from django_jobs.registry import registry
-from django_jobs.token_models import ALL_QUEUES
+from django_jobs.tokens.auth import Grant, cache
 
 logger = logging.getLogger("django_jobs.api")
 
@@ -70,7 +70,7 @@ async def _authenticate(request: HttpRequest) -> Grant:
         raise ApiError(401, "send Authorization: Bearer <token>")
     grant = cache.peek(token.strip())
     if grant is cache.MISS:
-        grant = await pool.run(cache.lookup, token.strip())
+        grant = await thread_pool.run(cache.lookup, token.strip())
     if grant is None:
         raise ApiError(401, "unknown or revoked token")
     assert isinstance(grant, Grant)
@@ -124,7 +124,7 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
         grant.worker_prefix + worker, _client(request), queues, name=worker, tasks=tasks
     )
     if wait <= 0:
-        job = await pool.run(operations.claim, info, queues, skip)
+        job = await thread_pool.run(operations.claim, info, queues, skip)
         return (204, None) if job is None else await _hand_out(request, job)
     deadline = time.monotonic() + wait
     waiter = dispatcher.join(queues)
@@ -134,7 +134,7 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
             if _gone(request):
                 return 204, None  # nobody to answer: claim nothing
             woken = dispatcher.take(waiter)
-            job = await pool.run(operations.claim, info, queues, skip)
+            job = await thread_pool.run(operations.claim, info, queues, skip)
             if job is not None:
                 # Woken for work and found some: there may be more (one notification may
                 # stand for many jobs), so the next waiter looks too.
@@ -161,7 +161,7 @@ async def _hand_out(request: HttpRequest, job: Any) -> Answer:
     if not _gone(request):
         return 200, protocol.claimed(job)
     reason = "its worker hung up before the claim's answer"
-    await pool.run(operations.release, job.lease, reason)
+    await thread_pool.run(operations.release, job.lease, reason)
     return 204, None
 
 
@@ -181,7 +181,7 @@ async def job_heartbeat(
     request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int
 ) -> Answer:
     lease = _lease(grant, body, job_id)
-    beat = await pool.run(operations.heartbeat, _worker_of(request, lease), [lease], [])
+    beat = await thread_pool.run(operations.heartbeat, _worker_of(request, lease), [lease], [])
     status = beat.leases.get(str(lease.token))
     if status is None or not status.held:
         raise protocol.lease_lost()
@@ -204,7 +204,7 @@ async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) ->
             known[str(lease.token)] = text
     queues = protocol.strings(extra, "queues")
     info = operations.worker_info(worker_id, _client(request), queues, **extra)
-    beat = await pool.run(operations.heartbeat, info, leases, unwritten)
+    beat = await thread_pool.run(operations.heartbeat, info, leases, unwritten)
     answer = {
         known[token]: {
             "job_id": status.job_id,
@@ -225,7 +225,7 @@ async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) ->
 async def finish(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
     ending = protocol.finish(body)
-    ended = await pool.run(operations.finish, lease, ending)
+    ended = await thread_pool.run(operations.finish, lease, ending)
     if ended is None:
         raise protocol.lease_lost()
     return 200, {"state": ended.state}
@@ -235,7 +235,7 @@ async def finish(request: HttpRequest, grant: Grant, body: dict[str, Any], job_i
 async def release(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
     reason = protocol.field(body, "reason", str, "released by its worker of the HTTP API")
-    if not await pool.run(operations.release, lease, reason[:1000]):
+    if not await thread_pool.run(operations.release, lease, reason[:1000]):
         raise protocol.lease_lost()
     return 200, {"released": True}
 
@@ -253,7 +253,7 @@ async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job
             )
         except BadProgress as error:
             raise ApiError(400, str(error), "progress") from None
-    recorded = await pool.run(operations.record_live, lease, shown, log)
+    recorded = await thread_pool.run(operations.record_live, lease, shown, log)
     if not (recorded.progress or recorded.log):
         raise protocol.lease_lost()
     return 200, {"progress": recorded.progress, "log": recorded.log}
@@ -262,14 +262,14 @@ async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job
 @endpoint
 async def outcome(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
-    return 200, {"outcome": await pool.run(operations.attempt_outcome, lease)}
+    return 200, {"outcome": await thread_pool.run(operations.attempt_outcome, lease)}
 
 
 @endpoint
 async def spawn(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
     call = protocol.call(body)
-    child = await pool.run(operations.spawn, lease, call, grant.holds)
+    child = await thread_pool.run(operations.spawn, lease, call, grant.holds)
     return 201, protocol.enqueued(child)
 
 
@@ -281,5 +281,5 @@ async def enqueue(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> A
     if not grant.can_enqueue:
         raise ApiError(403, "this token may not enqueue (createjobtoken --can-enqueue)")
     call = protocol.call(body)
-    job = await pool.run(operations.enqueue, call, grant.holds)
+    job = await thread_pool.run(operations.enqueue, call, grant.holds)
     return 201, protocol.enqueued(job)

@@ -35,9 +35,10 @@ from typing import Any
 
 import psycopg
 
-from django_jobs import conf, db
-from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line
-from django_jobs.worker.connection import connection_params
+from django_jobs import conf
+from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line
+from django_jobs.store import db
+from django_jobs.store.connection import connection_params
 
 logger = logging.getLogger("django_jobs.api")
 

@@ -2,7 +2,7 @@
 
 During a rolling deploy, pods of the new release enqueue jobs of tasks that the old release's
 workers have not registered. A worker never hands its executor a name it would have to import:
-it hands such a job back to ``pending`` without counting the attempt (transitions.hand_back),
+it hands such a job back to ``pending`` without counting the attempt (store.hand_back),
 and its claims pass over the task's jobs for ``JOBS_UNKNOWN_TASK_DELAY`` seconds, so that a
 worker that has the task takes them. The job ends in error only once workers have been found
 without its task for ``JOBS_UNKNOWN_TASK_TIMEOUT`` and no live worker has registered it.
@@ -16,9 +16,9 @@ import logging
 import time
 from typing import Any
 
-from django_jobs import conf, transitions
+from django_jobs import conf, store
 from django_jobs.exceptions import UnknownTask
-from django_jobs.transitions import HandBack
+from django_jobs.store import HandBack
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -56,7 +56,7 @@ class UnknownTasks:
         if handed is None:
             return None
         self.missing_since.setdefault(task, handed.missing_since)
-        if handed.verdict == transitions.HANDED_BACK:
+        if handed.verdict == store.HANDED_BACK:
             self.passed_over[task] = time.monotonic() + conf.unknown_task_delay()
             self._log(task)
         return handed.verdict

@@ -1,7 +1,7 @@
 """The queue over the jobs HTTP API: what ``runjobworker --api URL`` uses instead of a database
 connection.
 
-Each call of the :class:`~django_jobs.worker.queue.Queue` protocol is one POST of the API's
+Each call of the :class:`~django_jobs.worker.postgres_queue.Queue` protocol is one POST of the API's
 version 1 (``django_jobs.api``), with the worker's token. A lease is the opaque string the claim
 handed out, kept in ``Lease.token`` and sent back verbatim. An idle worker's claim waits on the
 server for a job (long polling), up to the ``wait`` the supervisor allows it.
@@ -9,8 +9,8 @@ server for a job (long polling), up to the ``wait`` the supervisor allows it.
 Errors keep the protocol's meaning: a lost lease (409, or 404 once the job was deleted) makes a
 write return ``None`` (``False`` for a release); no answer, a timeout or a server error (5xx)
 raises :class:`~django_jobs.exceptions.ApiUnreachable`, which the
-:class:`~django_jobs.worker.queue.QueueGate` backs off as an outage; any other refusal raises
-:class:`~django_jobs.exceptions.ApiRefused`, which it logs.
+:class:`~django_jobs.worker.postgres_queue.QueueGate` backs off as an outage; any other refusal
+raises :class:`~django_jobs.exceptions.ApiRefused`, which it logs.
 
 The server does the rest itself: it settles workflows (parents, children, dependents) inside
 each finish, and recovers what its reaper finds. A worker of the API fires no periodic jobs and
@@ -25,13 +25,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django_jobs import schedules, ticks, transitions, workflows
+from django_jobs import store, workflows
 from django_jobs.apiclient import HINTS, MAX_WAIT, Api, read_token
 from django_jobs.exceptions import ApiRefused, ApiUnreachable
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
+from django_jobs.schedules import declarations, ticks
 from django_jobs.states import Outcome
-from django_jobs.transitions import (
+from django_jobs.store import (
     Beat,
     ClaimedJob,
     Ended,
@@ -49,7 +50,7 @@ _FINISH_OPTIONS = ("result_json", "error", "traceback", "retryable", "retry_dela
 
 def finish_body(lease: Lease, outcome: str, **options: Any) -> dict[str, Any]:
     """The body of ``v1/jobs/<id>/finish`` for the supervisor's finish of ``lease`` (the keyword
-    arguments of :func:`django_jobs.transitions.finish`)."""
+    arguments of :func:`django_jobs.store.finish`)."""
     unknown = set(options) - set(_FINISH_OPTIONS)
     if unknown:
         raise TypeError(f"unknown options of the end of an attempt: {', '.join(sorted(unknown))}")
@@ -83,7 +84,7 @@ def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
 
 
 def beat(worker_id: str, answer: dict[str, Any]) -> Beat:
-    """The :class:`~django_jobs.transitions.Beat` of a batch heartbeat's answer."""
+    """The :class:`~django_jobs.store.Beat` of a batch heartbeat's answer."""
     leases = {
         lease: LeaseStatus(status["job_id"], bool(status["held"]), bool(status["cancel_requested"]))
         for lease, status in answer["leases"].items()
@@ -102,7 +103,7 @@ def open_queue(url: str, token_file: str | None, environ: Mapping[str, str]) -> 
 
 
 class HttpQueue:
-    """:class:`~django_jobs.worker.queue.Queue` over the jobs HTTP API. Claims ask only for
+    """:class:`~django_jobs.worker.postgres_queue.Queue` over the jobs HTTP API. Claims ask only for
     ``tasks`` (the worker's registered tasks): the server never hands out a job whose task the
     worker lacks."""
 
@@ -206,7 +207,7 @@ class HttpQueue:
         if not self.release(lease, reason):
             return None
         now = datetime.datetime.now(datetime.UTC)
-        return HandBack(transitions.HANDED_BACK, seen_since or now)
+        return HandBack(store.HANDED_BACK, seen_since or now)
 
     def settle(self, settling: workflows.Settling, until: float) -> None:
         # The server settled the workflow inside the finish.
@@ -251,7 +252,7 @@ class HttpQueue:
     def unregister(self, worker_id: str) -> None:
         pass  # the API has no endpoint for it: the row goes once the worker is silent
 
-    def sync_schedules(self) -> schedules.SyncReport:
+    def sync_schedules(self) -> declarations.SyncReport:
         raise NotImplementedError("a worker of the API fires no periodic jobs")
 
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:

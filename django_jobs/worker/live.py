@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from django_jobs.progress import Progress
 from django_jobs.sanitize import mask_text
 from django_jobs.storable import storable_text
-from django_jobs.transitions import Lease, Recorded
+from django_jobs.store import Lease, Recorded
 from django_jobs.worker.outbox import Outbox, Write
-from django_jobs.worker.queue import Queue
+from django_jobs.worker.postgres_queue import Queue
 
 #: Where the kept tail starts, a cut is moved to the next line if there is one this close.
 LINE_SEARCH = 1024

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import psycopg
 
-    from django_jobs.transitions import ClaimedJob
+    from django_jobs.store import ClaimedJob
 
 
 class Observer:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django_jobs import workflows
-from django_jobs.worker.backoff import Backoff
-from django_jobs.worker.queue import FAILED, QueueGate
+from django_jobs.runtime.backoff import Backoff
+from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
 logger = logging.getLogger("django_jobs.worker")
 

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from django_jobs.transitions import ClaimedJob, Lease
+from django_jobs.store import ClaimedJob, Lease
 
 logger = logging.getLogger("django_jobs.worker")
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import signal
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,15 +34,17 @@ from typing import Any
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
 from django_jobs.registry import registry
-from django_jobs.transitions import ClaimedJob
-from django_jobs.worker.connection import QueueConnection
+from django_jobs.runtime.identity import base_name, new_worker_id
+from django_jobs.schedules.runner import Scheduler
+from django_jobs.store import ClaimedJob, WorkerInfo
+from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
-from django_jobs.worker.identity import base_name, new_worker_id, this_worker
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
-from django_jobs.worker.pool import (
+from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
+from django_jobs.worker.process_pool import (
     STOP_CANCELLED,
     STOP_LEASE_LOST,
     STOP_SHUTDOWN,
@@ -49,13 +53,26 @@ from django_jobs.worker.pool import (
     Reported,
     Slot,
 )
-from django_jobs.worker.queue import FAILED, PostgresQueue, Queue, QueueGate
-from django_jobs.worker.scheduler import Scheduler
 from django_jobs.worker.signals import WakeSocket
 from django_jobs.worker.wakeup import FOLLOWER_POLL_FACTOR, Wakeup
 from django_jobs.worker.writes import JobWrites
 
 logger = logging.getLogger("django_jobs.worker")
+
+
+def this_worker(worker_id: str, name: str, queues: Sequence[str], concurrency: int) -> WorkerInfo:
+    """What a worker's heartbeat registers of this process: where it runs, what it serves, and
+    the tasks it has."""
+    return WorkerInfo(
+        id=worker_id,
+        name=name,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        queues=list(queues),
+        concurrency=concurrency,
+        pod=os.environ.get("POD_NAME", ""),
+        tasks=registry.local_names(),
+    )
 
 
 class Supervisor:

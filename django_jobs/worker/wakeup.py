@@ -12,11 +12,12 @@ notifications; the others wait in line for its place.
 The election is a session advisory lock on the LISTEN connection, keyed by a hash of the
 worker's sorted queue set (so that workers with other queue sets elect their own listener and
 are all woken for their queues). The key is a 64-bit hash of ``django_jobs.listener:<queues>``,
-in the one-bigint key space, like the transaction locks of django_jobs/queues.py.
+in the one-bigint key space, like the transaction locks of django_jobs/queues/controls.py.
 
 - A worker with a free slot that is not the listener waits in line for the lock
-  (``wait_to_listen`` in django_jobs/sql/wakeup.sql, sent without waiting for its reply, so that
-  the loop goes on; PostgreSQL grants the waiters in order). It does not claim on notifications.
+  (``wait_to_listen`` in django_jobs/store/sql/wakeup.sql, sent without waiting for its reply, so
+  that the loop goes on; PostgreSQL grants the waiters in order). It does not claim on
+  notifications.
 - The listener claims on notifications for its queues, and polls every poll interval.
 - When its slots are all busy, or it stops, the listener hands over: it notifies on the
   ``django_jobs_listener`` channel whether ready jobs are left (a bulk enqueue sends one
@@ -58,10 +59,11 @@ from typing import Any
 
 import psycopg
 
-from django_jobs import conf, db
-from django_jobs.sql import query
-from django_jobs.worker.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
-from django_jobs.worker.connection import connection_params
+from django_jobs import conf
+from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
+from django_jobs.store import db
+from django_jobs.store.connection import connection_params
+from django_jobs.store.sql import query
 
 logger = logging.getLogger("django_jobs.worker")
 

@@ -13,18 +13,18 @@ import functools
 import time
 from typing import Any, NamedTuple, Protocol
 
-from django_jobs import conf, transitions, workflows
+from django_jobs import conf, store, workflows
 from django_jobs.reaper import Remembered, recover_orphans
 from django_jobs.registry import registry
 from django_jobs.states import Outcome
 from django_jobs.storable import storable_text
-from django_jobs.transitions import ClaimedJob, Ended, Lease
+from django_jobs.store import ClaimedJob, Ended, Lease
 from django_jobs.worker import deploys
 from django_jobs.worker.executor import Report
 from django_jobs.worker.outbox import Outbox, Write
 from django_jobs.worker.outcomes import OutcomeLog
-from django_jobs.worker.pool import Slot
-from django_jobs.worker.queue import Queue
+from django_jobs.worker.postgres_queue import Queue
+from django_jobs.worker.process_pool import Slot
 
 #: Seconds of settling (workflows.Settling) between two looks at the rest of the loop.
 SETTLE_SLICE = 0.05
@@ -215,7 +215,7 @@ class JobWrites:
         error once it has waited JOBS_UNKNOWN_TASK_TIMEOUT for a worker that has."""
         give_up_after = conf.unknown_task_timeout()
 
-        def write() -> transitions.HandBack | None:
+        def write() -> store.HandBack | None:
             return self.db.hand_back(
                 job.lease,
                 job.task,
@@ -224,12 +224,12 @@ class JobWrites:
                 seen_since=self.unknown_tasks.seen_since(job.task),
             )
 
-        def then(handed: transitions.HandBack | None) -> None:
+        def then(handed: store.HandBack | None) -> None:
             verdict = self.unknown_tasks.note(job.task, handed)
-            if verdict == transitions.EXPIRED:
+            if verdict == store.EXPIRED:
                 options = deploys.expired(job.task, give_up_after)
                 self.finish(job, Outcome.ERROR, options, 0.0)
-            elif verdict != transitions.HANDED_BACK:
+            elif verdict != store.HANDED_BACK:
                 self.log.lease_lost(job, "could not hand it back")
 
         self.outbox.add(Write(f"hand back job {job.id}", write, then, job.id))

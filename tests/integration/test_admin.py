@@ -152,9 +152,9 @@ def test_cancel_and_run_now_actions(superuser) -> None:
 
 
 def test_select_all_acts_on_the_whole_filtered_list_in_batches(superuser, monkeypatch) -> None:
-    from django_jobs import actions
+    from django_jobs import operator_actions
 
-    monkeypatch.setattr(actions, "BATCH", 7)  # several batches from a small table
+    monkeypatch.setattr(operator_actions, "BATCH", 7)  # several batches from a small table
     created = JobFactory().created_at
     errors = [
         JobFactory(state="error", attempt=1, max_attempts=1, finished_at=created) for _ in range(20)

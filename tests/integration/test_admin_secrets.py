@@ -20,7 +20,6 @@ from django.db import models
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from django_jobs.api import tokens
 from django_jobs.models import (
     ApiToken,
     Attempt,
@@ -31,6 +30,7 @@ from django_jobs.models import (
     Schedule,
     Worker,
 )
+from django_jobs.tokens import auth
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -115,7 +115,7 @@ def secret_job() -> dict[type[models.Model], Any]:
         Dependency: dependency,
         Worker: worker,
         Queue: Queue.objects.create(name=job.queue, paused=True, paused_by="ops"),
-        ApiToken: tokens.create("ops-fleet", [job.queue])[0],
+        ApiToken: auth.create("ops-fleet", [job.queue])[0],
     }
 
 

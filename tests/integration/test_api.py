@@ -19,12 +19,13 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_jobs.api import pool, tokens
+from django_jobs.api import thread_pool
 from django_jobs.api.operations import registrations
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken, Attempt, Job, Worker
 from django_jobs.reaper import reap_pass
 from django_jobs.registry import registry
+from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,18 +35,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def api_pool() -> Iterator[None]:
     yield
     dispatcher.stop()
-    pool.shutdown()
+    thread_pool.shutdown()
 
 
 @pytest.fixture(autouse=True)
 def fresh_caches() -> Iterator[None]:
-    tokens.cache.forget()
+    auth.cache.forget()
     registrations._at.clear()
     yield
 
 
 def make_token(queues: tuple[str, ...] = ("default", "remote"), **options: Any) -> str:
-    return tokens.create(f"t{time.monotonic_ns()}", list(queues), **options)[1]
+    return auth.create(f"t{time.monotonic_ns()}", list(queues), **options)[1]
 
 
 class Api:
@@ -249,8 +250,8 @@ def test_requests_without_a_valid_token_get_401(header: str | None) -> None:
 
 
 def test_a_revoked_token_is_refused() -> None:
-    row, secret = tokens.create("revoked", ["remote"])
-    tokens.revoke([row.pk])
+    row, secret = auth.create("revoked", ["remote"])
+    auth.revoke([row.pk])
     assert Api(secret).claim().status_code == 401
 
 
@@ -399,7 +400,7 @@ def test_createjobtoken_prints_a_token_once_and_stores_its_hash(capsys: Any) -> 
     row = ApiToken.objects.get(name="gpu-fleet")
     assert secret.startswith("djt_") and secret not in row.token_hash and "shown only now" in err
     assert (row.queues, row.can_enqueue, row.token_hash) == (
-        ["gpu", "remote"], True, tokens.digest(secret)
+        ["gpu", "remote"], True, auth.digest(secret)
     )  # fmt: skip
     assert Api(secret).claim(queues=["gpu"]).status_code == 204
     with pytest.raises(Exception, match="exists already"):
@@ -419,7 +420,7 @@ def test_remote_tasks_are_enqueued_here_and_never_claimed_by_database_workers() 
 def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> None:
     from django.contrib.auth.models import Permission, User
 
-    row, secret = tokens.create("fleet", ["remote"])
+    row, secret = auth.create("fleet", ["remote"])
     assert Api(secret).claim(queues=["remote"]).status_code == 204
 
     def staff(*codenames: str) -> Client:
@@ -445,5 +446,5 @@ def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> N
     revoker.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
     row.refresh_from_db()
     assert row.revoked_at is not None
-    tokens.cache.forget()  # past the cache's 10 seconds
+    auth.cache.forget()  # past the cache's 10 seconds
     assert Api(secret).claim(queues=["remote"]).status_code == 401

@@ -6,7 +6,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from django_jobs import conf, db
+from django_jobs import conf
+from django_jobs.store import db
 from tests.conftest import connect
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from django.db import connection, transaction
 
-from django_jobs import stats, transitions
+from django_jobs import store
 from django_jobs.models import Job
 from django_jobs.progress import checked
-from django_jobs.transitions import Lease
+from django_jobs.store import Lease, stats
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +26,7 @@ def running_job(**fields: object) -> tuple[Job, Lease]:
 
 def record(lease: Lease, done: float, total: float | None = None, log: str | None = None) -> bool:
     with connection.cursor() as cursor:
-        written = transitions.record_live(
+        written = store.record_live(
             cursor, lease, checked(lease.job_id, done, total, f"at {done}"), log
         )
     return written.progress

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_jobs import conf
 from django_jobs.models import Attempt, Dependency, Job
 from django_jobs.prune import prune
-from django_jobs.sql import query
+from django_jobs.store.sql import query
 from support.history import fill_history
 from tests.conftest import connect
 from tests.factories import AttemptFactory, JobFactory

@@ -11,10 +11,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
-from django_jobs import queues, transitions
+from django_jobs import queues, store
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models import Job, Queue
-from django_jobs.sql import query
+from django_jobs.store.sql import query
 from testproject.testjobs.jobs import echo, import_customer, noop
 from tests.factories import JobFactory
 
@@ -25,12 +25,12 @@ WORKER = "test-worker:1:aaaaaa"
 
 def claim(queues_=None):
     with connection.cursor() as cursor:
-        return transitions.claim(cursor, WORKER, queues_)
+        return store.claim(cursor, WORKER, queues_)
 
 
 def finish(job, outcome="done"):
     with connection.cursor() as cursor:
-        return transitions.finish(cursor, job.lease, outcome)
+        return store.finish(cursor, job.lease, outcome)
 
 
 def running(key=None, queue=None):
@@ -173,7 +173,7 @@ def test_a_retry_and_a_reap_free_the_slot() -> None:
     # take it (the retry waits its backoff).
     Job.objects.filter(pk=first.pk).update(max_attempts=3)
     with connection.cursor() as cursor:
-        transitions.finish(cursor, taken.lease, "error", retryable=True, retry_delay=60)
+        store.finish(cursor, taken.lease, "error", retryable=True, retry_delay=60)
     again = claim()
     assert again.id == second.pk and claim() is None
     # The worker running it vanishes: the reaper ends the run, and the slot is free again.

@@ -16,11 +16,13 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
-from django_jobs import checks, schedules, stats, ticks
+from django_jobs import checks
 from django_jobs.management.commands import runjobscheduler, runjobworker
 from django_jobs.models import Job, Schedule, ScheduleTick
 from django_jobs.prune import prune
 from django_jobs.registry import registry
+from django_jobs.schedules import declarations, ticks
+from django_jobs.store import stats
 from testproject.testjobs.jobs import nightly
 from tests.conftest import connect
 
@@ -73,7 +75,7 @@ def tick_count(name: str) -> int:
 
 def test_sync_adds_changes_and_marks_removed_code_schedules(scheduler) -> None:
     with override_settings(JOBS_SCHEDULES={"report": REPORT}):
-        report = schedules.sync(scheduler)
+        report = declarations.sync(scheduler)
     assert set(report.added) == {"report", "tests.nightly"} and report.in_sync is False
     row = Schedule.objects.get(name="report")
     assert (row.source, row.task, row.args, row.timezone) == (
@@ -90,15 +92,15 @@ def test_sync_adds_changes_and_marks_removed_code_schedules(scheduler) -> None:
     first_next = row.next_run_at
     # Minute 7 of each hour: never a fire time of the old */5, whatever the clock says now.
     with override_settings(JOBS_SCHEDULES={"report": {**REPORT, "cron": "7 * * * *", "args": [2]}}):
-        report = schedules.sync(scheduler)
+        report = declarations.sync(scheduler)
         assert (report.added, report.changed, report.removed) == ([], ["report"], [])
-        assert schedules.sync(scheduler).in_sync  # a second sync finds nothing to do
+        assert declarations.sync(scheduler).in_sync  # a second sync finds nothing to do
     row.refresh_from_db()
     assert (row.cron, row.args, row.paused, row.paused_by) == ("7 * * * *", [2], True, "ops")
     assert row.next_run_at != first_next and row.next_run_at.minute == 7
 
     with override_settings(JOBS_SCHEDULES={}):
-        report = schedules.sync(scheduler)
+        report = declarations.sync(scheduler)
     assert report.removed == ["report"]
     row.refresh_from_db()
     assert row.missing_from_code_since is not None
@@ -107,7 +109,7 @@ def test_sync_adds_changes_and_marks_removed_code_schedules(scheduler) -> None:
     assert ticks.fire_due(scheduler, TASKS).fired == 0  # removed from code: it never fires
 
     with override_settings(JOBS_SCHEDULES={"report": REPORT}):
-        assert schedules.sync(scheduler).changed == ["report"]  # back in code: it fires again
+        assert declarations.sync(scheduler).changed == ["report"]  # back in code: it fires again
     row.refresh_from_db()
     assert row.missing_from_code_since is None and row.next_run_at is not None
 
@@ -117,7 +119,7 @@ def test_sync_leaves_admin_schedules_and_invalid_declarations_alone(scheduler) -
     taken = admin_schedule("report", "0 10 * * *")
     bad = {"report": REPORT, "broken": {"task": "tests.echo", "cron": "0 25 * * *"}}
     with override_settings(JOBS_SCHEDULES=bad):
-        report = schedules.sync(scheduler)
+        report = declarations.sync(scheduler)
     assert report.conflicts == ["report"] and "broken" in report.errors
     assert "invalid cron expression '0 25 * * *'" in report.errors["broken"]
     assert not Schedule.objects.filter(name="broken").exists()  # nothing half-written
@@ -146,7 +148,7 @@ def test_syncschedules_prints_what_it_did_and_check_exits_1_when_out_of_sync(cap
 
 
 def test_a_tick_enqueues_exactly_what_task_enqueue_would(scheduler) -> None:
-    schedules.sync(scheduler)
+    declarations.sync(scheduler)
     overdue("tests.nightly")
     done = ticks.fire_due(scheduler, TASKS)
     assert (done.fired, done.handled) == (1, 1) and done.seconds_until_due > 0

@@ -17,11 +17,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_jobs import transitions, workflows
+from django_jobs import store, workflows
 from django_jobs.models import Dependency, Job
-from django_jobs.sql import query
 from django_jobs.states import Outcome, State
-from django_jobs.transitions import Lease
+from django_jobs.store import Lease
+from django_jobs.store.sql import query
 from testproject.testjobs.jobs import echo
 from tests.factories import JobFactory
 from tests.unit.test_states import declared_statements_by_name
@@ -105,17 +105,17 @@ def claim() -> Moves:
         jobs_in_every_state(queue=queue)
     with watching() as moves, connection.cursor() as cursor:
         for queues in (["one"], ["two", "elsewhere"], None):
-            while transitions.claim(cursor, WORKER, queues) is not None:
+            while store.claim(cursor, WORKER, queues) is not None:
                 pass
     return moves
 
 
 def claim_statement(queues: list[str] | None) -> Callable[[], Moves]:
-    """Run the claim's branch for ``queues`` as a statement (transitions.claim_sql)."""
+    """Run the claim's branch for ``queues`` as a statement (store.claim_sql)."""
 
     def exercise() -> Moves:
         jobs_in_every_state()
-        sql, params = transitions.claim_sql(queues)
+        sql, params = store.claim_sql(queues)
         with watching() as moves, connection.cursor() as cursor:
             while True:
                 cursor.execute(sql, {"worker_id": WORKER, **params})
@@ -156,7 +156,7 @@ def end_attempts(end: Callable[[Any, Lease, str, bool], object]) -> Moves:
 
 def finish() -> Moves:
     return end_attempts(
-        lambda cursor, lease, outcome, retryable: transitions.finish(
+        lambda cursor, lease, outcome, retryable: store.finish(
             cursor, lease, outcome, retryable=retryable
         )
     )
@@ -165,7 +165,7 @@ def finish() -> Moves:
 def reap() -> Moves:
     # The reaper ends attempts with the finish's statement (see ending.sql), lost or overdue.
     return end_attempts(
-        lambda cursor, lease, outcome, _: transitions.reap(
+        lambda cursor, lease, outcome, _: store.reap(
             cursor,
             lease,
             outcome,
@@ -181,7 +181,7 @@ def release() -> Moves:
     everyone = jobs_in_every_state()
     with watching() as moves, connection.cursor() as cursor:
         for job in everyone:
-            transitions.release(cursor, lease(job))
+            store.release(cursor, lease(job))
     return moves
 
 
@@ -189,16 +189,14 @@ def hand_back() -> Moves:
     everyone = jobs_in_every_state()
     with watching() as moves, connection.cursor() as cursor:
         for job in everyone:
-            transitions.hand_back(
-                cursor, lease(job), job.task, give_up_after=3600, worker_timeout=60
-            )
+            store.hand_back(cursor, lease(job), job.task, give_up_after=3600, worker_timeout=60)
     return moves
 
 
 def cancel() -> Moves:
     ids = [job.pk for job in jobs_in_every_state()]
     with watching() as moves, connection.cursor() as cursor:
-        transitions.cancel_without_cascade(cursor, ids)
+        store.cancel_without_cascade(cursor, ids)
     return moves
 
 
@@ -251,14 +249,14 @@ def finalize_parent() -> Moves:
 def retry() -> Moves:
     ids = [job.pk for job in jobs_in_every_state()]
     with watching() as moves, connection.cursor() as cursor:
-        transitions.retry_many(cursor, dict.fromkeys(ids, 3))
+        store.retry_many(cursor, dict.fromkeys(ids, 3))
     return moves
 
 
 def run_now() -> Moves:
     ids = [job.pk for job in jobs_in_every_state()]
     with watching() as moves, connection.cursor() as cursor:
-        transitions.run_now_many(cursor, ids)
+        store.run_now_many(cursor, ids)
     return moves
 
 

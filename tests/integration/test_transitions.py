@@ -18,9 +18,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs import migrations, sql, transitions
+from django_jobs import migrations, store
 from django_jobs.models import Attempt, Job
 from django_jobs.states import Outcome
+from django_jobs.store import sql
 from tests.conftest import connect
 from tests.factories import JobFactory
 
@@ -31,7 +32,7 @@ WORKER = "test-worker:1:aaaaaa"
 
 def claim(queues=None, worker=WORKER):
     with connection.cursor() as cursor:
-        return transitions.claim(cursor, worker, queues)
+        return store.claim(cursor, worker, queues)
 
 
 def test_claim_marks_running_counts_the_attempt_and_opens_an_attempt_row() -> None:
@@ -102,7 +103,7 @@ def test_concurrent_claims_never_hand_out_a_job_twice() -> None:
 
     def drain(n: int) -> None:
         with connect() as conn, conn.cursor() as cursor:
-            while (job := transitions.claim(cursor, f"w{n}:1:000000", None)) is not None:
+            while (job := store.claim(cursor, f"w{n}:1:000000", None)) is not None:
                 with lock:
                     claimed.append(job.id)
 
@@ -117,7 +118,7 @@ def test_concurrent_claims_never_hand_out_a_job_twice() -> None:
 def finish(lease, outcome=Outcome.DONE, **kwargs):
     """The job's state after a finish, or None if the lease was lost."""
     with connection.cursor() as cursor:
-        ended = transitions.finish(cursor, lease, outcome, **kwargs)
+        ended = store.finish(cursor, lease, outcome, **kwargs)
     return None if ended is None else ended.state
 
 
@@ -165,8 +166,8 @@ def test_every_claim_draws_a_lease_token_that_a_rolled_back_claim_cannot_repeat(
     assert Attempt.objects.get(job_id=again.job_id).lease.hex == again.token.replace("-", "")
     assert finish(lost) is None
     with connection.cursor() as cursor:
-        assert not transitions.release(cursor, lost)
-        beat = transitions.heartbeat(cursor, _worker_info(), [lost, again])
+        assert not store.release(cursor, lost)
+        beat = store.heartbeat(cursor, _worker_info(), [lost, again])
     assert beat.leases[lost.token].held is False
     assert beat.leases[again.token].held is True
     assert finish(again) == "done"
@@ -176,9 +177,9 @@ def test_a_release_is_fenced_on_the_token_and_gives_the_attempt_back() -> None:
     JobFactory(max_attempts=1)
     lease = claim().lease
     with connection.cursor() as cursor:
-        assert not transitions.release(cursor, dataclasses.replace(lease, token=str(uuid.uuid4())))
-        assert transitions.release(cursor, lease, "released: its worker never got the claim")
-        assert transitions.attempt_outcome(cursor, lease) == "released"
+        assert not store.release(cursor, dataclasses.replace(lease, token=str(uuid.uuid4())))
+        assert store.release(cursor, lease, "released: its worker never got the claim")
+        assert store.attempt_outcome(cursor, lease) == "released"
     job = Job.objects.get(pk=lease.job_id)
     assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
     assert Attempt.objects.get(job_id=job.pk).error == "released: its worker never got the claim"
@@ -190,13 +191,13 @@ def test_a_heartbeat_lists_jobs_running_under_the_worker_that_it_does_not_hold()
     second = claim().lease
     assert {first.job_id, second.job_id} == {held.pk, orphan.pk}
     with connection.cursor() as cursor:
-        beat = transitions.heartbeat(cursor, _worker_info(), [first])
+        beat = store.heartbeat(cursor, _worker_info(), [first])
     assert beat.orphans == [second]
     assert beat.leases[first.token].held
 
 
-def _worker_info() -> transitions.WorkerInfo:
-    return transitions.WorkerInfo(
+def _worker_info() -> store.WorkerInfo:
+    return store.WorkerInfo(
         id=WORKER, name="test-worker", host="h", pid=1, queues=[], concurrency=1
     )
 
@@ -228,8 +229,8 @@ def test_release_gives_the_attempt_back() -> None:
     JobFactory(max_attempts=1)
     lease = claim().lease
     with connection.cursor() as cursor:
-        assert transitions.release(cursor, lease) is True
-        assert transitions.release(cursor, lease) is False
+        assert store.release(cursor, lease) is True
+        assert store.release(cursor, lease) is False
     job = Job.objects.get(pk=lease.job_id)
     assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
     assert Attempt.objects.get(job_id=lease.job_id, number=lease.attempt).outcome == "released"
@@ -277,7 +278,7 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         cursor.execute("ANALYZE django_jobs_job")
     plans = {}
     for queues, indexes in [(None, CLAIM_INDEXES), (["reports"], CLAIM_QUEUE_INDEXES)]:
-        sql, params = transitions.claim_sql(queues)
+        sql, params = store.claim_sql(queues)
         plans[queues and queues[0]] = plan = _plan(sql, {"worker_id": WORKER, **params})
         assert _uses_one_of(indexes, plan), plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
@@ -323,8 +324,8 @@ def _words(text: str) -> str:
 
 
 FUNCTIONS = (
-    transitions.CLAIM_FUNCTION,
-    transitions.FINISH_FUNCTION,
+    store.CLAIM_FUNCTION,
+    store.FINISH_FUNCTION,
     "django_jobs_keyed_candidate",
     "django_jobs_free_candidate",
 )
@@ -366,7 +367,7 @@ def _as_statement(branch: str, arguments: dict[str, str]) -> str:
 
 @pytest.mark.django_db(False)
 def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
-    branches = re.findall(r"RETURN QUERY(.*?);", _function_body(transitions.CLAIM_FUNCTION), re.S)
+    branches = re.findall(r"RETURN QUERY(.*?);", _function_body(store.CLAIM_FUNCTION), re.S)
     arguments = {"p_worker_id": "%(worker_id)s", "p_skip_tasks": "%(skip_tasks)s"}
     one_queue = _words(sql.query("claim_one_queue"))
     assert [_as_statement(branch, arguments) for branch in branches] == [
@@ -380,7 +381,7 @@ def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
 
 @pytest.mark.django_db(False)
 def test_the_reap_is_the_finish_function_with_a_re_check_and_skip_locked() -> None:
-    (finish,) = re.findall(r"RETURN QUERY(.*?);", _function_body(transitions.FINISH_FUNCTION), re.S)
+    (finish,) = re.findall(r"RETURN QUERY(.*?);", _function_body(store.FINISH_FUNCTION), re.S)
     names = re.findall(r"\bp_(\w+)", finish)
     reap = _words(sql.query("reap"))
     recheck = re.search(r"AND \( %\(silence\)s.*?timeout_grace\)s\)\) \) ", reap)
@@ -397,7 +398,7 @@ def test_finish_and_claim_end_one_job_and_take_the_next_in_one_round_trip() -> N
     lease = claim().lease
     assert lease.job_id == first.pk
     with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
-        ended, claimed = transitions.finish_and_claim(
+        ended, claimed = store.finish_and_claim(
             cursor, lease, Outcome.DONE, None, result_json='"ok"'
         )
     assert len(queries) == 1
@@ -407,5 +408,5 @@ def test_finish_and_claim_end_one_job_and_take_the_next_in_one_round_trip() -> N
     # A lost lease is still reported as such, and the claim still happens.
     third = JobFactory()
     with connection.cursor() as cursor:
-        ended, claimed = transitions.finish_and_claim(cursor, lease, Outcome.DONE, None)
+        ended, claimed = store.finish_and_claim(cursor, lease, Outcome.DONE, None)
     assert ended is None and claimed.id == third.pk

@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
-from django_jobs import DependencyError, transitions, workflows
+from django_jobs import DependencyError, store, workflows
 from django_jobs.models import Dependency, Job
 from django_jobs.reaper import reap_pass
 from testproject.testjobs.jobs import echo, fail, retry_then_succeed
@@ -24,9 +24,9 @@ def states(*jobs: Job) -> list[str]:
 def finish_now(job: Job, outcome: str = "done", retryable: bool = False) -> str:
     """Claim ``job`` (it must be the only ready one) and end it, settling like a worker."""
     with connection.cursor() as cursor:
-        claimed = transitions.claim(cursor, "w:1:000000", None)
+        claimed = store.claim(cursor, "w:1:000000", None)
         assert claimed is not None and claimed.id == job.pk
-        ended = transitions.finish(
+        ended = store.finish(
             cursor,
             claimed.lease,
             outcome,
@@ -110,7 +110,7 @@ def test_the_claim_ignores_100k_waiting_jobs_and_stays_on_the_index() -> None:
             [blocker.pk],
         )
         cursor.execute("ANALYZE django_jobs_job")
-        sql, params = transitions.claim_sql(None)
+        sql, params = store.claim_sql(None)
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, {"worker_id": "w:1:0", **params})
         plan = "\n".join(row[0] for row in cursor.fetchall())
     print("\n" + plan)

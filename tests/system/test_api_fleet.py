@@ -20,10 +20,10 @@ import httpx
 import pytest
 from django.db import connection
 
-from django_jobs.api import tokens
 from django_jobs.enqueue import enqueue_many
 from django_jobs.models import Attempt, Job
 from django_jobs.registry import registry
+from django_jobs.tokens import auth
 from tests.conftest import ROOT, ApiServer, connect, wait_for
 
 CURL_WORKER = ROOT / "examples" / "curl-worker.sh"
@@ -33,7 +33,7 @@ def test_a_long_poll_whose_worker_hung_up_hands_its_job_to_nobody(
     start_api_server: Callable[..., ApiServer],
 ) -> None:
     server = start_api_server()
-    _, secret = tokens.create("hangup", ["remote"])
+    _, secret = auth.create("hangup", ["remote"])
     headers = {"Authorization": f"Bearer {secret}"}
     body = {"worker": "gone", "queues": ["remote"], "wait": 20}
     # The worker gives up after 1 s (a client timeout, a worker stopped): its connection closes
@@ -60,7 +60,7 @@ def test_curl_worker_runs_remote_jobs_and_stops_on_sigterm(
     start_api_server: Callable[..., ApiServer], curl: None, jq: None, tmp_path: Path
 ) -> None:
     server = start_api_server()
-    _, secret = tokens.create("curl", ["remote"])
+    _, secret = auth.create("curl", ["remote"])
     token_file = tmp_path / "token"
     token_file.write_text(secret + "\n")
     words = ["alpha", "beta", "gamma", "delta", "epsilon"]
@@ -224,7 +224,7 @@ def test_two_hundred_long_polling_workers_share_four_connections_without_a_herd(
 ) -> None:
     api_connections, workers, batches, per_batch = 4, 200, 10, 200
     server = start_api_server({"JOBS_API_CONNECTIONS": str(api_connections)})
-    _, secret = tokens.create("fleet", ["remote"])
+    _, secret = auth.create("fleet", ["remote"])
     calls_before = claim_calls()
 
     # The fleet runs in its own thread and event loop; this thread enqueues and watches.

@@ -99,9 +99,9 @@ def api_url(api_server: ApiServer) -> str:
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     """A file holding a token for every queue."""
-    from django_jobs.api import tokens
+    from django_jobs.tokens import auth
 
-    _, secret = tokens.create(f"t-{uuid.uuid4().hex[:8]}", ["*"])
+    _, secret = auth.create(f"t-{uuid.uuid4().hex[:8]}", ["*"])
     path = tmp_path / "token"
     path.write_text(secret + "\n")
     return path

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import override_settings
 
-from django_jobs import transitions
+from django_jobs import store
 from django_jobs.liveness import HeartbeatLiveness
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.reaper import ReapReport, reap_pass
@@ -325,10 +325,10 @@ def test_heartbeat_liveness_uses_database_time() -> None:
     JobFactory(claimed=True, worker_id=stale.id)
     from django.db import connection
 
-    from django_jobs import transitions
+    from django_jobs import store
 
     with connection.cursor() as cursor:
-        jobs = transitions.running_jobs(cursor, 60)
+        jobs = store.running_jobs(cursor, 60)
         verdicts = HeartbeatLiveness(worker_timeout=60).dead_workers(jobs, cursor)
     assert list(verdicts) == [stale.id] and "no heartbeat for 30" in verdicts[stale.id].reason
 
@@ -359,7 +359,7 @@ def test_a_claim_whose_reply_never_reached_the_worker_is_released_without_using_
     wait_for(lambda: running(busy))
     with transaction.atomic(), connection.cursor() as cursor:
         orphan = echo.using(max_attempts=1).enqueue("never told")
-        assert transitions.claim(cursor, worker_id, None).id == orphan.pk
+        assert store.claim(cursor, worker_id, None).id == orphan.pk
 
     wait_for(lambda: Job.objects.get(pk=orphan.pk).state == "done", timeout=20)
     orphan.refresh_from_db()

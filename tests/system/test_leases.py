@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_jobs import transitions
+from django_jobs import store
 from django_jobs.context import JobContext
 from django_jobs.models import Attempt, Job, Worker
 from testproject.testjobs.jobs import journal
@@ -45,12 +45,12 @@ def _roll_back_the_claim(job_id: int) -> None:
 def test_is_cancelled_is_true_once_the_run_has_lost_its_lease() -> None:
     JobFactory()
     with connection.cursor() as cursor:
-        lease = transitions.claim(cursor, WORKER, None).lease
+        lease = store.claim(cursor, WORKER, None).lease
     context = JobContext(lease.job_id, "tests.noop", lease.attempt, 3, WORKER, lease=lease.token)
     assert not context.is_cancelled()
     _roll_back_the_claim(lease.job_id)
     with connection.cursor() as cursor:
-        again = transitions.claim(cursor, WORKER, None).lease
+        again = store.claim(cursor, WORKER, None).lease
     assert again.job_id == lease.job_id and again.attempt == lease.attempt
     assert context.is_cancelled()  # the same job and attempt number, but another run's lease
     current = JobContext(again.job_id, "tests.noop", again.attempt, 3, WORKER, lease=again.token)

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_jobs import transitions
+from django_jobs import store
 from django_jobs.models import Job, Worker
 from testproject.testjobs.jobs import echo, sleep
 from tests.conftest import connect, wait_for
@@ -120,8 +120,8 @@ def test_the_reaper_never_forgets_a_worker_that_sent_a_heartbeat_since_it_was_ju
     alive = WorkerFactory(last_seen_at=timezone.now())
     silent = WorkerFactory(last_seen_at=timezone.now() - timedelta(minutes=5))
     with connection.cursor() as cursor:
-        assert not transitions.delete_worker_if_idle(cursor, alive.id, silence=60)
-        assert transitions.delete_worker_if_idle(cursor, silent.id, silence=60)
+        assert not store.delete_worker_if_idle(cursor, alive.id, silence=60)
+        assert store.delete_worker_if_idle(cursor, silent.id, silence=60)
     assert list(Worker.objects.values_list("id", flat=True)) == [alive.id]
 
 
@@ -245,7 +245,7 @@ def pending_total(expected: int) -> bool:
 
 
 def test_operators_actions_skip_a_locked_job_instead_of_waiting_and_say_so() -> None:
-    from django_jobs import actions
+    from django_jobs import operator_actions
 
     jobs = [JobFactory() for _ in range(250)]
     held = jobs[123]
@@ -253,7 +253,7 @@ def test_operators_actions_skip_a_locked_job_instead_of_waiting_and_say_so() -> 
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM django_jobs_job WHERE id = %s FOR UPDATE", [held.pk])
         started = time.monotonic()
-        report = actions.cancel(Job.objects.all())
+        report = operator_actions.cancel(Job.objects.all())
         elapsed = time.monotonic() - started
         holder.execute("ROLLBACK")
     assert report.changed == 249

@@ -18,9 +18,9 @@ import psycopg
 
 from django_jobs import workflows
 from django_jobs.progress import Progress
-from django_jobs.schedules import SyncReport
-from django_jobs.ticks import FirePass
-from django_jobs.transitions import (
+from django_jobs.schedules.declarations import SyncReport
+from django_jobs.schedules.ticks import FirePass
+from django_jobs.store import (
     EXPIRED,
     HANDED_BACK,
     Beat,
@@ -33,7 +33,7 @@ from django_jobs.transitions import (
     WorkerInfo,
 )
 from django_jobs.worker.executor import Assignment, Report
-from django_jobs.worker.pool import ExecutorPool
+from django_jobs.worker.process_pool import ExecutorPool
 
 
 class Clock:
@@ -79,7 +79,7 @@ class FakeSchedule:
 
 
 class FakeQueue:
-    """The :class:`~django_jobs.worker.queue.Queue` protocol over a dict of jobs.
+    """The :class:`~django_jobs.worker.postgres_queue.Queue` protocol over a dict of jobs.
 
     ``failures[op, job_id]`` lists errors to raise, in turn, at the next calls of ``op`` (for
     ``job_id``, or ``None`` for a call about no job in particular); while the

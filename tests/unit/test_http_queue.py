@@ -17,8 +17,8 @@ import pytest
 from django_jobs.apiclient import Api, read_token
 from django_jobs.exceptions import ApiRefused, ApiUnreachable, InvalidOption
 from django_jobs.progress import Progress
-from django_jobs.transitions import Lease, WorkerInfo
-from django_jobs.worker.connection import is_connection_fatal
+from django_jobs.store import Lease, WorkerInfo
+from django_jobs.store.connection import is_connection_fatal
 from django_jobs.worker.http_queue import HttpQueue
 
 LEASE = Lease(7, 2, "w:1:abc", "opaque-lease")

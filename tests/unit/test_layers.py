@@ -14,9 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
 
-#: Lowest first. A module may import modules of its own layer and of those below.
+#: Lowest first. A module may import modules of its own layer and of those below. A module
+#: belongs to the layer of the longest of these dotted names that it starts with ("" is the
+#: package's own ``__init__``).
 LAYERS: list[set[str]] = [
-    # states, settings and errors
+    # states, settings, errors, and the pure helpers and shared runtime pieces
     {
         "states",
         "conf",
@@ -26,41 +28,63 @@ LAYERS: list[set[str]] = [
         "compat",
         "logs",
         "cursor",
-        "cron",
         "progress",
         "apiclient",
+        "runtime",
+        "schedules.cron",
     },
-    # models, the connection helpers and the SQL they run, the task registry (the workers'
+    # the tables, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)
-    {"models", "schedule_models", "queue_models", "token_models", "db", "sql", "registry"},
-    # statements
+    {"models", "store.db", "store.sql", "store.connection", "registry"},
+    # statements, and the features' logic built on them
     {
-        "transitions",
+        "store",
         "workflows",
         "enqueue",
         "prune",
-        "stats",
         "context",
-        "schedules",
-        "ticks",
+        "schedules.declarations",
+        "schedules.ticks",
         "queues",
+        "queues.controls",
+        "tokens.auth",
     },
     # the worker and the services
-    {"worker", "reaper", "liveness", "actions", "backend", "dashboard", "checks", "apps"},
-    # commands, admin, and the package's public names
-    {"admin", "management", "api", ""},
+    {
+        "worker",
+        "reaper",
+        "liveness",
+        "operator_actions",
+        "backend",
+        "checks",
+        "apps",
+        "schedules.runner",
+    },
+    # commands, admin, the HTTP API, and the package's public names
+    {
+        "admin",
+        "management",
+        "api",
+        "",
+        "schedules",
+        "schedules.admin",
+        "schedules.forms",
+        "queues.admin",
+        "tokens",
+        "tokens.admin",
+    },
 ]
 
 #: Imports inside functions that point up a layer, each with its reason.
 LATE_IMPORTS_UP = {
     # Job.cancel(), retry() and run_now() are the operators' actions on one job.
-    ("models", "actions"),
+    ("models.job", "operator_actions"),
     # JOBS_QUEUES defaults to the queues of the registered tasks.
     ("conf", "registry"),
     # Task.enqueue() and enqueue_many(), the public way to enqueue.
     ("registry", "enqueue"),
     # Schedule.pause(), resume(), run_now() and recompute_next_run(), for the admin.
-    ("schedule_models", "ticks"),
+    ("models.schedule", "schedules.ticks"),
 }
 
 
@@ -127,10 +151,14 @@ def imports(early: bool) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
-    head = module.removeprefix("django_jobs").removeprefix(".").split(".")[0]
-    for index, members in enumerate(LAYERS):
-        if head in members:
-            return index
+    """The layer of a module: that of the longest name in ``LAYERS`` that it starts with."""
+    name = module.removeprefix("django_jobs").removeprefix(".")
+    parts = name.split(".") if name else []
+    for length in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:length])
+        for index, members in enumerate(LAYERS):
+            if prefix in members and (prefix or not parts):
+                return index
     raise AssertionError(f"{module} is in no layer: add it to LAYERS")
 
 
@@ -192,27 +220,27 @@ def test_the_imports_that_point_up_are_made_late_and_are_the_known_ones() -> Non
 
 def test_the_finder_reads_each_form_of_import() -> None:
     early = imports(early=True)
+    assert early["django_jobs.models.job"] == {"django_jobs.progress", "django_jobs.states"}
     assert early["django_jobs.models"] == {
-        "django_jobs.progress",
-        "django_jobs.states",
-        "django_jobs.schedule_models",
-        "django_jobs.queue_models",
-        "django_jobs.token_models",
+        "django_jobs.models.job",
+        "django_jobs.models.schedule",
+        "django_jobs.models.queue_control",
+        "django_jobs.models.api_token",
     }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",
-        "django_jobs.db",
-        "django_jobs.sql",
+        "django_jobs.store.db",
+        "django_jobs.store.sql",
         "django_jobs.states",
-        "django_jobs.transitions",
+        "django_jobs.store",
     }
     assert {"django_jobs.registry", "django_jobs.exceptions"} <= early["django_jobs"]
     assert early["django_jobs.management.commands.jobstats"] == {
         "django_jobs.management.arguments",
-        "django_jobs.stats",
+        "django_jobs.store.stats",
     }
     assert "django_jobs.models" not in early["django_jobs.registry"]  # under TYPE_CHECKING
-    assert "django_jobs.actions" in imports(early=False)["django_jobs.models"]
+    assert "django_jobs.operator_actions" in imports(early=False)["django_jobs.models.job"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

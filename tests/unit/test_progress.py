@@ -6,10 +6,10 @@ import pytest
 
 from django_jobs.context import JobContext
 from django_jobs.progress import MESSAGE_CHARS, BadProgress, Progress, checked
-from django_jobs.transitions import Lease
+from django_jobs.store import Lease
 from django_jobs.worker.live import LiveWrites, Tail, Watch
 from django_jobs.worker.outbox import Outbox
-from django_jobs.worker.queue import QueueGate
+from django_jobs.worker.postgres_queue import QueueGate
 from tests.unit.fakes import Clock, FakeQueue
 
 

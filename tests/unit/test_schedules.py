@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from django_jobs import cron
 from django_jobs.exceptions import InvalidOption
-from django_jobs.schedules import declared, validate_schedule
-from django_jobs.worker.scheduler import SLACK
+from django_jobs.schedules import cron
+from django_jobs.schedules.declarations import declared, validate_schedule
+from django_jobs.schedules.runner import SLACK
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeQueue, FakeSchedule
 

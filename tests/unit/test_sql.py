@@ -1,4 +1,4 @@
-"""The SQL of django_jobs/sql/: the loader, and the statements that repeat a piece of another
+"""The SQL of django_jobs/store/sql/: the loader, and the statements that repeat a piece of another
 (final text has no fragments to share), checked to say the same."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from django_jobs import sql
+from django_jobs.store import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +42,9 @@ def test_a_transition_that_does_not_exist_is_refused() -> None:
 
 def test_the_sql_files_are_package_data() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "sql/*.sql" in project["tool"]["setuptools"]["package-data"]["django_jobs"]
+    assert "store/sql/*.sql" in project["tool"]["setuptools"]["package-data"]["django_jobs"]
     assert {found.file for found in sql.QUERIES.values()} == {
-        path.name for path in (ROOT / "django_jobs" / "sql").glob("*.sql")
+        path.name for path in (ROOT / "django_jobs" / "store" / "sql").glob("*.sql")
     }
 
 

@@ -3,7 +3,7 @@ every statement in the package that writes ``Job.state`` against it.
 
 A statement that writes ``state`` is found in the source (``SET state =``, a ``SET`` list built
 from a fragment, an ``INSERT`` or ``COPY`` into the job table, an ORM write of ``state``): in the
-named statements of django_jobs/sql/*.sql, each of which must say its transition in a
+named statements of django_jobs/store/sql/*.sql, each of which must say its transition in a
 ``-- transition:`` line, and in the Python modules, where it must be a module-level constant
 declared with its transition (``_X = ENQUEUE.statement(...)``). Each must pick its rows with
 the transition's guard, spelled as the transition renders it, and write only the transition's
@@ -19,7 +19,7 @@ import importlib
 import re
 from pathlib import Path
 
-from django_jobs import sql, states
+from django_jobs import states
 from django_jobs.states import (
     ACTIVE_STATES,
     CANCEL,
@@ -38,6 +38,7 @@ from django_jobs.states import (
     Transition,
     can_transition,
 )
+from django_jobs.store import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
@@ -199,7 +200,7 @@ def writers_in_package() -> dict[str, list[Writer]]:
 
 
 def sql_writers() -> dict[str, Writer]:
-    """Query name -> the named statement of django_jobs/sql/ that writes ``Job.state``."""
+    """Query name -> the named statement of django_jobs/store/sql/ that writes ``Job.state``."""
     return {
         name: Writer(0, name, " ".join(found.text.split())[:80])
         for name, found in sql.QUERIES.items()
@@ -243,9 +244,9 @@ def test_every_statement_that_writes_state_is_declared_with_its_transition() -> 
             undeclared.append(f"{sql.QUERIES[name].file}: {name}: {writer.what}")
     assert not undeclared, (
         "these write Job.state without a declared transition; give each named statement of "
-        "django_jobs/sql/ a '-- transition: <name>' line, and make each in Python a module-level "
-        "statement declared with its transition (NAME = <transition>.statement(...)) in "
-        "django_jobs/states.py:\n" + "\n".join(undeclared)
+        "django_jobs/store/sql/ a '-- transition: <name>' line, and make each in Python a "
+        "module-level statement declared with its transition "
+        "(NAME = <transition>.statement(...)) in django_jobs/states.py:\n" + "\n".join(undeclared)
     )
 
 

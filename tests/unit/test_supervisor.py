@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_jobs.worker.backoff import OUTAGE_RETRY_CAP
+from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP
 from django_jobs.worker.executor import Assignment, Report
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeQueue, succeed

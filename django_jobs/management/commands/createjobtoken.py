@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
-from django_jobs.api import tokens
 from django_jobs.exceptions import InvalidOption
+from django_jobs.tokens import auth
 
 
 class Command(BaseCommand):
@@ -35,7 +35,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            row, secret = tokens.create(
+            row, secret = auth.create(
                 options["name"],
                 options["queues"].split(","),
                 can_enqueue=options["can_enqueue"],

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import queues
 from django_jobs.exceptions import InvalidOption
-from django_jobs.queue_models import Queue
+from django_jobs.models.queue_control import Queue
 
 
 class Command(BaseCommand):

@@ -12,10 +12,10 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import checks, conf, logs
 from django_jobs.management.arguments import add_log_arguments, seconds
-from django_jobs.worker.connection import QueueConnection
-from django_jobs.worker.identity import base_name, new_worker_id
-from django_jobs.worker.queue import PostgresQueue, QueueGate
-from django_jobs.worker.scheduler import Scheduler
+from django_jobs.runtime.identity import base_name, new_worker_id
+from django_jobs.schedules.runner import Scheduler
+from django_jobs.store.connection import QueueConnection
+from django_jobs.worker.postgres_queue import PostgresQueue, QueueGate
 
 logger = logging.getLogger("django_jobs.schedules")
 

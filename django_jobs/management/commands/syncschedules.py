@@ -7,7 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_jobs import conf, schedules
+from django_jobs import conf
+from django_jobs.schedules import declarations
 
 
 class Command(BaseCommand):
@@ -26,7 +27,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         with connections[conf.database_alias()].cursor() as cursor:
-            report = schedules.sync(cursor, dry_run=options["check"])
+            report = declarations.sync(cursor, dry_run=options["check"])
         for line in report.lines():
             self.stdout.write(("would be " if options["check"] else "") + line)
         self.stdout.write(

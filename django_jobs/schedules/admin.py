@@ -1,0 +1,322 @@
+"""The admin of periodic jobs: the schedules with their next and last runs, pause, resume and run
+now (list actions and buttons on a schedule's page, each with its permission), and a form to add
+schedules of any registered task (:mod:`~django_jobs.schedules.forms`).
+
+A schedule declared in code (``JOBS_SCHEDULES``, ``@job(schedule=...)``) can be paused, resumed
+and run from here, not edited: its code-owned fields are read-only. One that is no longer
+declared is flagged *removed from code*; it no longer fires, and may be deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models.constants import LOOKUP_SEP
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import formats, timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from django_jobs import conf
+from django_jobs.admin.actions import object_button
+from django_jobs.admin.display import badge
+from django_jobs.admin.listing import storable
+from django_jobs.admin.masking import masked_json, masked_text
+from django_jobs.exceptions import JobsError
+from django_jobs.models import Job, Schedule
+from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
+
+CODE_NOTE = (
+    "Declared in code (JOBS_SCHEDULES or @job(schedule=...)): operators may pause, resume or run "
+    "it now here, not edit it. Change it in the code, then deploy or run syncschedules."
+)
+#: What the page shows of a schedule's state: never edited by hand.
+STATE_FIELDS = [
+    ("next_run_at", "last_run", "last_outcome_text"),
+    ("paused_text", "source", "removed"),
+    ("created_at", "updated_at"),
+]
+
+
+class RemovedFilter(admin.SimpleListFilter):
+    """Code schedules no longer declared in code (they no longer fire)."""
+
+    title = "removed from code"
+    parameter_name = "removed"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Removed from code"), ("no", "Declared or added here")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> QuerySet[Schedule]:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(missing_from_code_since__isnull=self.value() == "no")
+        return queryset
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    # The job page's template: its object tools are the buttons passed as ``job_buttons``.
+    change_form_template = "admin/django_jobs/job/change_form.html"
+    list_display = [
+        "name",
+        "task",
+        "cron",
+        "timezone",
+        "next_run_at",
+        "last_run",
+        "last_outcome_text",
+        "paused_text",
+        "source",
+        "removed",
+    ]
+    list_filter = ["paused", "source", RemovedFilter]
+    search_fields = ["name", "task"]
+    ordering = ["name"]
+    actions = ["pause_selected", "resume_selected", "run_selected_now"]
+
+    class Media:
+        css = {"all": ["django_jobs/admin.css"]}
+
+    # -------------------------------------------------------------- the rows
+
+    #: Fields shown masked: never filtered on, which would reveal them a letter at a time
+    #: (``?kwargs__password__startswith=h``), as the job list refuses too.
+    MASKED_FIELDS = {"args", "kwargs", "last_outcome"}
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if lookup.split(LOOKUP_SEP)[0] in self.MASKED_FIELDS or not storable(value):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    # -------------------------------------------------------------- the columns
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # Whether the last job still exists, for the whole page in the same query: it may
+        # have been pruned.
+        jobs = Job.objects.filter(pk=OuterRef("last_job_id"))
+        return super().get_queryset(request).annotate(last_job_exists=Exists(jobs))
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run(self, schedule: Schedule) -> SafeString | str:
+        if schedule.last_run_at is None:
+            return "-"
+        when = formats.localize(timezone.localtime(schedule.last_run_at))
+        if schedule.last_job_id is None:
+            return when
+        exists = getattr(schedule, "last_job_exists", None)
+        if exists is None:  # a schedule not read through get_queryset
+            exists = Job.objects.filter(pk=schedule.last_job_id).exists()
+        if not exists:
+            return f"{when} · #{schedule.last_job_id} (pruned)"
+        url = reverse("admin:django_jobs_job_change", args=[schedule.last_job_id])
+        return format_html('{} · <a href="{}">#{}</a>', when, url, schedule.last_job_id)
+
+    @admin.display(description="last outcome")
+    def last_outcome_text(self, schedule: Schedule) -> str:
+        return masked_text(schedule.last_outcome)
+
+    @admin.display(description="paused", ordering="paused")
+    def paused_text(self, schedule: Schedule) -> SafeString | str:
+        if not schedule.paused:
+            return "no"
+        by = f" by {schedule.paused_by}" if schedule.paused_by else ""
+        when = f" at {schedule.paused_at:%Y-%m-%d %H:%M}" if schedule.paused_at else ""
+        return badge("cancelled", f"paused{by}{when}")
+
+    @admin.display(description="in code")
+    def removed(self, schedule: Schedule) -> SafeString | str:
+        if schedule.missing_from_code_since is None:
+            return "yes" if schedule.source == "code" else "-"
+        since = f"{schedule.missing_from_code_since:%Y-%m-%d %H:%M}"
+        return badge("error", f"removed from code since {since}")
+
+    @admin.display(description="args")
+    def args_masked(self, schedule: Schedule) -> SafeString:
+        return masked_json(schedule.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_masked(self, schedule: Schedule) -> SafeString:
+        return masked_json(schedule.kwargs)
+
+    # -------------------------------------------------------------- the page and its form
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A schedule declared in code is changed in the code: its page is read-only.
+        if obj is not None and obj.source == "code":
+            return False
+        return super().has_change_permission(request, obj)
+
+    def _locked(self, request: HttpRequest, obj: Schedule | None) -> bool:
+        """Whether the page shows the code-owned fields read-only (the arguments masked)."""
+        return obj is not None and not self.has_change_permission(request, obj)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        locked = self._locked(request, obj)
+        payload = ("args_masked", "kwargs_masked") if locked else ("args", "kwargs")
+        main: dict[str, Any] = {
+            "fields": [
+                "name",
+                "task",
+                ("cron", "timezone"),
+                *payload,
+                ("queue", "priority"),
+                ("catch_up", "overlap"),
+            ]
+        }
+        if obj is not None and obj.source == "code":
+            main["description"] = CODE_NOTE
+        if obj is None:
+            return [(None, main)]
+        return [(None, main), ("State", {"fields": STATE_FIELDS})]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return []
+        state = [name for row in STATE_FIELDS for name in row]
+        if not self._locked(request, obj):
+            return state
+        # "args" and "kwargs" too, though shown masked instead: the form then drops them.
+        return [*CODE_OWNED, "args_masked", "kwargs_masked", *state]
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        if not change:
+            obj.source = "admin"
+        super().save_model(request, obj, form, change)
+        obj.recompute_next_run()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A schedule still declared in code would come back at the next sync.
+        if obj is not None and obj.source == "code" and obj.missing_from_code_since is None:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    # -------------------------------------------------------------- permissions
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.pause_schedule")
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.run_schedule")
+
+    PERMISSIONS = {
+        "pause_selected": "pause",
+        "resume_selected": "pause",
+        "run_selected_now": "run",
+    }
+
+    def _allowed(self, request: HttpRequest, action: str) -> bool:
+        return bool(getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request))
+
+    # -------------------------------------------------------------- actions
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Django ignores a posted action the user may not run; it is refused outright instead.
+        action = request.POST.get("action", "") if request.method == "POST" else ""
+        if action in self.PERMISSIONS and not self._allowed(request, action):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Pause selected schedules", permissions=["pause"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        by = request.user.get_username()
+        self._each(request, queryset, lambda s: s.pause(by), "paused")
+
+    @admin.action(description="Resume selected schedules", permissions=["pause"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._each(request, queryset, Schedule.resume, "resumed")
+
+    @admin.action(description="Run selected schedules now", permissions=["run"])
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        def run(schedule: Schedule) -> None:
+            job = schedule.run_now()
+            url = reverse("admin:django_jobs_job_change", args=[job.pk])
+            message = format_html(
+                'Schedule “{}” run now: <a href="{}">job #{}</a>', schedule.name, url, job.pk
+            )
+            self.message_user(request, message, messages.SUCCESS)
+
+        self._each(request, queryset, run, "")
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Schedule],
+        act: Callable[[Schedule], Any],
+        done: str,
+    ) -> None:
+        """Apply ``act`` to each schedule, then report what was done and what failed."""
+        names = []
+        for schedule in queryset.order_by("name"):
+            try:
+                act(schedule)
+            except JobsError as error:
+                self.message_user(request, f"“{schedule.name}”: {error}", messages.ERROR)
+            else:
+                names.append(schedule.name)
+        if done and names:
+            plural = "s" if len(names) > 1 else ""
+            listed = ", ".join(names)
+            self.message_user(request, f"Schedule{plural} {done}: {listed}", messages.SUCCESS)
+
+    # -------------------------------------------------------------- a schedule's buttons
+
+    def get_urls(self) -> list[URLPattern]:
+        # Every page runs outside ATOMIC_REQUESTS' transaction, as the job admin's do: each
+        # pause, resume or run is its own short transaction, never one over the selection.
+        non_atomic = transaction.non_atomic_requests(using=conf.database_alias())
+        view = self.admin_site.admin_view(self.schedule_action_view)
+        urls = [
+            *(
+                path(f"<int:pk>/{slug}/", view, {"action": action}, name=url_name(slug))
+                for slug, action in BUTTONS.values()
+            ),
+            *super().get_urls(),
+        ]
+        for pattern in urls:
+            non_atomic(pattern.callback)
+        return urls
+
+    def schedule_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
+        """The buttons on a schedule's page: POST only, same permissions as the actions."""
+        return object_button(self, request, Schedule, pk, action, self._allowed(request, action))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        schedule = self.get_object(request, object_id)
+        buttons = []
+        if schedule is not None:
+            for label, (slug, action) in BUTTONS.items():
+                if label == ("Pause" if schedule.paused else "Resume"):
+                    continue
+                if self._allowed(request, action):
+                    url = reverse(f"admin:{url_name(slug)}", args=[schedule.pk])
+                    buttons.append((label, url))
+        context = {**(extra_context or {}), "job_buttons": buttons}
+        return super().change_view(request, object_id, form_url, context)
+
+
+#: The buttons of a schedule's page: label → (URL slug, action).
+BUTTONS = {
+    "Pause": ("pause", "pause_selected"),
+    "Resume": ("resume", "resume_selected"),
+    "Run now": ("run-now", "run_selected_now"),
+}
+
+
+def url_name(slug: str) -> str:
+    """The URL name of a schedule's button (``django_jobs_schedule_run_now``)."""
+    return f"django_jobs_schedule_{slug.replace('-', '_')}"

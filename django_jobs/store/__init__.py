@@ -1,0 +1,109 @@
+"""The hot statements on jobs: claim, finish, release, heartbeat, reap, cancel, retry.
+
+Each function runs one statement, which PostgreSQL runs as one short transaction when the
+connection is in autocommit mode; the statement locks at most one job row, for milliseconds, and
+commits durably (see db.py). Every write to a claimed job is *fenced*: it matches
+``state = 'running'`` together with the claim's *lease*, a random token that the claim stores on
+the job and its attempt row, so a worker whose job was reaped and re-run cannot overwrite the new
+run. Attempt numbers alone would not do: a server crash that lost a claim would hand the same
+number out again, while a token is never handed out twice. A fenced write that matches no row
+means "lease lost": callers log it.
+
+Functions take a DB-API cursor (a Django cursor or a psycopg one), so the worker can use its own
+connection and the admin or the reaper can use Django's. The statements are in
+django_jobs/store/sql/ (claim.sql, ending.sql, workers.sql, control.sql, functions.sql); the
+modules:
+
+- ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
+- ``ending``: finish, reap, release and hand back, the ends of a claim;
+- ``workers``: heartbeats, the reaper's view of running jobs, forgetting a worker;
+- ``live``: a running attempt's progress and captured log;
+- ``control``: operators' actions over batches of ids (cancel, retry, run now).
+"""
+
+from django_jobs.store.claiming import (
+    CLAIM_FUNCTION,
+    ClaimedJob,
+    Lease,
+    claim,
+    claim_sql,
+)
+from django_jobs.store.control import (
+    BUSY_PAUSE,
+    BUSY_RETRIES,
+    Cancelled,
+    Changes,
+    cancel_without_cascade,
+    changes_of,
+    retry,
+    retry_many,
+    run_now,
+    run_now_many,
+    unique_key_holders,
+    until_free,
+)
+from django_jobs.store.ending import (
+    EXPIRED,
+    FINISH_FUNCTION,
+    HANDED_BACK,
+    Ended,
+    HandBack,
+    attempt_outcome,
+    finish,
+    finish_and_claim,
+    hand_back,
+    reap,
+    release,
+)
+from django_jobs.store.live_attempts import Recorded, record_live
+from django_jobs.store.workers import (
+    Beat,
+    LeaseStatus,
+    RunningJob,
+    WorkerInfo,
+    delete_worker_if_idle,
+    heartbeat,
+    running_jobs,
+    unregister_worker,
+)
+
+__all__ = [
+    "BUSY_PAUSE",
+    "BUSY_RETRIES",
+    "CLAIM_FUNCTION",
+    "EXPIRED",
+    "FINISH_FUNCTION",
+    "HANDED_BACK",
+    "Beat",
+    "Cancelled",
+    "Changes",
+    "ClaimedJob",
+    "Ended",
+    "HandBack",
+    "Lease",
+    "LeaseStatus",
+    "Recorded",
+    "RunningJob",
+    "WorkerInfo",
+    "attempt_outcome",
+    "cancel_without_cascade",
+    "changes_of",
+    "claim",
+    "claim_sql",
+    "delete_worker_if_idle",
+    "finish",
+    "finish_and_claim",
+    "hand_back",
+    "heartbeat",
+    "reap",
+    "record_live",
+    "release",
+    "retry",
+    "retry_many",
+    "run_now",
+    "run_now_many",
+    "running_jobs",
+    "unique_key_holders",
+    "unregister_worker",
+    "until_free",
+]

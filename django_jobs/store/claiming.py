@@ -1,0 +1,109 @@
+"""The claim: a worker takes the next ready job, and gets back the job and its lease.
+
+The statement is ``claim_any_queue``, ``claim_one_queue`` or ``claim_some_queues`` of
+django_jobs/store/sql/claim.sql, which the worker runs inside the ``django_jobs_claim()`` function
+(django_jobs/store/sql/functions.sql) through ``call_claim``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from django_jobs.cursor import Cursor
+from django_jobs.store import db
+from django_jobs.store.sql import query
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """What identifies one claim of a job; every later write is fenced on it."""
+
+    job_id: int
+    attempt: int
+    worker_id: str
+    #: The claim's random token (``None`` only for rows claimed before tokens existed).
+    token: str | None
+
+
+def lease_params(lease: Lease) -> dict[str, Any]:
+    """The parameters that fence a statement on ``lease``."""
+    return {
+        "job_id": lease.job_id,
+        "attempt": lease.attempt,
+        "worker_id": lease.worker_id,
+        "lease": lease.token,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedJob:
+    lease: Lease
+    attempt_id: int
+    task: str
+    queue: str
+    args_json: str
+    kwargs_json: str
+    max_attempts: int
+    timeout: int | None
+    parent_id: int | None
+
+    @property
+    def id(self) -> int:
+        return self.lease.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
+
+
+def claimed_job(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
+    """The job a claim's row describes; ``None`` for no row (no job was ready)."""
+    if row is None:
+        return None
+    job_id, task, queue, args_json, kwargs_json, attempt, *rest = row
+    max_attempts, timeout, parent_id, token, attempt_id = rest
+    lease = Lease(job_id=job_id, attempt=attempt, worker_id=worker_id, token=str(token))
+    return ClaimedJob(
+        lease, attempt_id, task, queue, args_json, kwargs_json, max_attempts, timeout, parent_id
+    )
+
+
+def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
+    """The claim statement for a worker serving ``queues`` (``None``: every queue), as the claim
+    function runs it, with its parameters but ``worker_id``: for reading its plan."""
+    if not queues:
+        return query("claim_any_queue"), {"skip_tasks": None}
+    if len(queues) == 1:
+        return query("claim_one_queue"), {"queue": queues[0], "skip_tasks": None}
+    return query("claim_some_queues"), {"queues": list(queues), "skip_tasks": None}
+
+
+#: The PL/pgSQL function the worker claims with (django_jobs/store/sql/functions.sql).
+CLAIM_FUNCTION = "django_jobs_claim"
+
+
+def claim(
+    cursor: Cursor,
+    worker_id: str,
+    queues: Sequence[str] | None,
+    skip_tasks: Sequence[str] = (),
+) -> ClaimedJob | None:
+    """Claim one ready job for ``worker_id``, or return ``None`` if none is ready. Jobs of
+    ``skip_tasks`` (tasks the worker has found it does not have) are passed over."""
+    # The commit is durable: a claim that a server crash lost would make a job that is running
+    # claimable again, and a second executor would run it at the same time as the first.
+    params = claim_params(worker_id, queues, skip_tasks)
+    return claimed_job(worker_id, db.execute(cursor, query("call_claim"), params).fetchone())
+
+
+def claim_params(
+    worker_id: str, queues: Sequence[str] | None, skip_tasks: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The parameters of ``call_claim``."""
+    return {
+        "worker_id": worker_id,
+        "queues": list(queues) if queues else None,
+        "skip_tasks": list(skip_tasks) if skip_tasks else None,
+    }

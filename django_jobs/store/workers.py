@@ -1,0 +1,126 @@
+"""The worker registry: a worker's heartbeat (which reports on its leases and its orphans), what
+the reaper reads of running jobs, and forgetting a worker.
+
+The statements are in django_jobs/store/sql/workers.sql.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from django_jobs.cursor import Cursor
+from django_jobs.store import db
+from django_jobs.store.claiming import Lease
+from django_jobs.store.sql import query
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    #: The Kubernetes pod the worker runs in (``POD_NAME``), or "".
+    pod: str = ""
+    #: The task names the worker has registered.
+    tasks: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseStatus:
+    job_id: int
+    held: bool
+    cancel_requested: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """What a heartbeat read back: the status of each lease, by token (a missing token: the
+    job was deleted), and the leases of the worker's orphans."""
+
+    leases: dict[str, LeaseStatus]
+    orphans: list[Lease]
+
+
+def heartbeat(
+    cursor: Cursor, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int] = ()
+) -> Beat:
+    """Record that ``worker`` is alive; report on its leases, and on its orphans: jobs running
+    under its id that are neither leased nor ``unwritten`` (ended by the worker, with the write
+    saying so still to be made)."""
+    job_ids = [lease.job_id for lease in leases]
+    rows = db.execute(
+        cursor,
+        query("heartbeat"),
+        {
+            **dataclasses.asdict(worker),
+            "queues": json.dumps(worker.queues),
+            "tasks": json.dumps(worker.tasks),
+            "job_ids": job_ids,
+            "leases": [lease.token for lease in leases],
+            "known_ids": [*job_ids, *unwritten],
+        },
+    ).fetchall()
+    statuses, orphans = {}, []
+    for job_id, held, cancel, orphan, token, attempt in rows:
+        if orphan:
+            orphans.append(Lease(job_id, attempt, worker.id, token))
+        else:
+            statuses[token] = LeaseStatus(job_id, bool(held), bool(cancel))
+    return Beat(statuses, orphans)
+
+
+def unregister_worker(cursor: Cursor, worker_id: str) -> None:
+    db.execute(cursor, query("unregister_worker"), {"id": worker_id})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningJob:
+    lease: Lease
+    task: str
+    max_attempts: int
+    timeout: int | None
+    queue: str
+    running_for: float | None
+    unregistered: bool
+    host: str | None
+    pid: int | None
+    silent_for: float | None
+    overdue: bool
+
+
+def running_jobs(cursor: Cursor, timeout_grace: float) -> list[RunningJob]:
+    """Every running job, with what the reaper judges it by: its worker's silence, whether it
+    overran its timeout plus ``timeout_grace``."""
+    params = {"timeout_grace": timeout_grace}
+    jobs = []
+    for row in db.execute(cursor, query("running_jobs"), params).fetchall():
+        job_id, attempt, worker_id, token, task, max_attempts, timeout, queue, *rest = row
+        running_for, unregistered, host, pid, silent_for, overdue = rest
+        jobs.append(
+            RunningJob(
+                lease=Lease(job_id, attempt, worker_id, token),
+                task=task,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                queue=queue,
+                running_for=running_for,
+                unregistered=unregistered,
+                host=host,
+                pid=pid,
+                silent_for=silent_for,
+                overdue=overdue,
+            )
+        )
+    return jobs
+
+
+def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> bool:
+    """Forget a dead worker once none of its jobs runs, if it is still silent (see
+    ``delete_silent_worker`` in workers.sql). True if its row was deleted."""
+    params = {"id": worker_id, "silence": silence}
+    return db.execute(cursor, query("delete_silent_worker"), params).fetchone() is not None

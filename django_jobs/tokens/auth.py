@@ -1,0 +1,173 @@
+"""API tokens: made once, stored as a hash, looked up per request through a short cache.
+
+A token is ``djt_`` and 43 random URL-safe characters; ``manage.py createjobtoken`` prints it
+once, and the table keeps its SHA-256 (a token is random and long, so a fast hash is enough:
+nothing is gained by a slow one). A process serving the API remembers a looked-up token for
+:data:`CACHE_SECONDS`, so that a claim does not read the token table; a revoked token is
+refused within that long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+
+from django.db.models import F
+from django.db.models.functions import Now
+
+from django_jobs import conf
+from django_jobs.exceptions import InvalidOption
+from django_jobs.models import ApiToken
+from django_jobs.models.api_token import ALL_QUEUES
+
+PREFIX = "djt_"
+#: Seconds a process serving the API trusts what it read of a token.
+CACHE_SECONDS = 10.0
+#: How often a token's last_used_at is written, at most.
+USE_STAMP_SECONDS = 60.0
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """What a request's token allows: a snapshot of its row."""
+
+    id: int
+    name: str
+    queues: tuple[str, ...]
+    can_enqueue: bool
+
+    @property
+    def all_queues(self) -> bool:
+        return ALL_QUEUES in self.queues
+
+    def holds(self, queue: str) -> bool:
+        return self.all_queues or queue in self.queues
+
+    @property
+    def worker_prefix(self) -> str:
+        """What the ids of this token's workers start with in the worker registry."""
+        return f"api:{self.name}:"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_queues(queues: Sequence[str]) -> list[str]:
+    """The queue list of a new token, checked: names of queues, or ``["*"]``."""
+    names = [q.strip() for q in queues if q.strip()]
+    if not names:
+        raise InvalidOption("a token needs at least one queue (or * for every queue)")
+    for name in names:
+        if name != ALL_QUEUES and (len(name) > 100 or not name.isprintable()):
+            raise InvalidOption(f"{name!r} is not a queue name")
+    return sorted(set(names))
+
+
+def create(
+    name: str, queues: Sequence[str], *, can_enqueue: bool = False, created_by: str = ""
+) -> tuple[ApiToken, str]:
+    """Store a new token; return its row and the token itself, which is not stored."""
+    if not NAME.match(name):
+        raise InvalidOption(
+            f"{name!r} is not a token name: use letters, digits, '.', '_' and '-' (at most 100)"
+        )
+    checked = check_queues(queues)
+    secret = PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.using(conf.database_alias()).create(
+        name=name,
+        token_hash=digest(secret),
+        prefix=secret[: len(PREFIX) + 4],
+        queues=checked,
+        can_enqueue=can_enqueue,
+        created_by=created_by,
+    )
+    return row, secret
+
+
+class TokenCache:
+    """Tokens looked up by hash, remembered for :data:`CACHE_SECONDS` (refusals too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, Grant | None]] = {}
+        self._stamped: dict[int, float] = {}
+
+    #: What :meth:`peek` returns for a token it has not seen lately.
+    MISS: object = object()
+
+    def peek(self, token: str) -> Grant | object | None:
+        """The cached grant of ``token`` (None: refused), or :attr:`MISS`; reads nothing. A
+        grant whose use is due to be stamped is a miss, so that the stamp is written in the
+        pool."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._seen.get(digest(token))
+            if cached is None or now - cached[0] >= CACHE_SECONDS:
+                return self.MISS
+            grant = cached[1]
+            if grant is not None and now - self._stamped.get(grant.id, -1e18) >= USE_STAMP_SECONDS:
+                return self.MISS
+            return grant
+
+    def lookup(self, token: str) -> Grant | None:
+        """The grant of ``token``, or None for an unknown or revoked one. Reads the database
+        (call it where that is allowed: a thread of the API's pool)."""
+        key = digest(token)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._seen.get(key)
+        if cached is not None and now - cached[0] < CACHE_SECONDS:
+            grant = cached[1]
+        else:
+            grant = self._read(key)
+            with self._lock:
+                if len(self._seen) > 10_000:
+                    self._seen.clear()
+                self._seen[key] = (now, grant)
+        if grant is not None:
+            self._stamp(grant, now)
+        return grant
+
+    def _read(self, key: str) -> Grant | None:
+        row = (
+            ApiToken.objects.using(conf.database_alias())
+            .filter(token_hash=key, revoked_at__isnull=True)
+            .values_list("id", "name", "queues", "can_enqueue")
+            .first()
+        )
+        if row is None:
+            return None
+        token_id, name, queues, can_enqueue = row
+        return Grant(token_id, name, tuple(queues or ()), bool(can_enqueue))
+
+    def _stamp(self, grant: Grant, now: float) -> None:
+        with self._lock:
+            if now - self._stamped.get(grant.id, float("-inf")) < USE_STAMP_SECONDS:
+                return
+            self._stamped[grant.id] = now
+        ApiToken.objects.using(conf.database_alias()).filter(pk=grant.id).update(last_used_at=Now())
+
+    def forget(self) -> None:
+        with self._lock:
+            self._seen.clear()
+            self._stamped.clear()
+
+
+cache = TokenCache()
+
+
+def revoke(ids: Sequence[int]) -> int:
+    """Revoke the tokens ``ids`` (those not revoked yet); return how many were."""
+    changed = (
+        ApiToken.objects.using(conf.database_alias())
+        .filter(pk__in=list(ids), revoked_at__isnull=True)
+        .update(revoked_at=Now(), last_used_at=F("last_used_at"))
+    )
+    return int(changed)

@@ -1,0 +1,279 @@
+"""The queue as a worker sees it: a few statements behind a small protocol.
+
+:class:`Queue` lists what a worker asks of its queue: claim, finish (alone or together with the
+next claim), heartbeat, release, hand back, a running job's progress and log, and the rest.
+:class:`PostgresQueue` sends each as the statements of :mod:`django_jobs.store` over the
+worker's one connection; a fake in the unit tests keeps jobs in memory, and another transport
+(the HTTP API, :mod:`django_jobs.worker.http_queue`) plugs in here.
+
+:class:`QueueGate` is the one place where the supervisor meets the queue's errors: a failed
+call is logged and backed off, never raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from django_jobs import queues, store, workflows
+from django_jobs.progress import Progress
+from django_jobs.reaper import recover_earlier_boots
+from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
+from django_jobs.schedules import declarations, ticks
+from django_jobs.store import (
+    Beat,
+    ClaimedJob,
+    Ended,
+    HandBack,
+    Lease,
+    Recorded,
+    WorkerInfo,
+    db,
+)
+from django_jobs.store.connection import QueueConnection, is_connection_fatal
+
+logger = logging.getLogger("django_jobs.worker")
+
+T = TypeVar("T")
+
+
+class Queue(Protocol):
+    """What a worker asks of its queue. Every write is fenced on the job's lease: a lease that
+    was lost makes it change nothing, and return ``None`` (``False`` for a release). A method
+    raises on a database error; :attr:`broken` then says whether the connection went with it."""
+
+    #: What the queue is, in log lines: "database", "API".
+    label: str
+
+    def trouble(self, exc: BaseException) -> str:
+        """How log lines name an error of this queue: "database error", "API unreachable"."""
+        ...
+
+    @property
+    def broken(self) -> bool:
+        """Whether the last error closed the connection (an outage, not a failed statement)."""
+        ...
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
+    ) -> ClaimedJob | None:
+        """The next ready job, or ``None``. A queue that can (the HTTP API's long polling) waits
+        up to ``wait`` seconds for one to become ready; others answer at once."""
+        ...
+
+    def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None: ...
+
+    def finish_and_claim(
+        self,
+        lease: Lease,
+        outcome: str,
+        queues: Sequence[str],
+        skip_tasks: Sequence[str],
+        **options: Any,
+    ) -> tuple[Ended | None, ClaimedJob | None]: ...
+
+    def attempt_outcome(self, lease: Lease) -> str | None: ...
+
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded: ...
+
+    def release(self, lease: Lease, reason: str) -> bool: ...
+
+    def hand_back(
+        self,
+        lease: Lease,
+        task: str,
+        *,
+        give_up_after: float,
+        worker_timeout: float,
+        seen_since: datetime.datetime | None,
+    ) -> HandBack | None: ...
+
+    def settle(self, settling: workflows.Settling, until: float) -> None: ...
+
+    def heartbeat(
+        self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
+    ) -> Beat: ...
+
+    def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
+
+    def sync_queue_limits(self) -> None: ...
+
+    def unregister(self, worker_id: str) -> None: ...
+
+    def sync_schedules(self) -> declarations.SyncReport: ...
+
+    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass: ...
+
+    def close(self) -> None: ...
+
+
+class PostgresQueue:
+    """:class:`Queue` over one PostgreSQL connection (autocommit: every statement is its own
+    short transaction), in the statements of :mod:`django_jobs.store`."""
+
+    label = "database"
+
+    def __init__(self, connection: QueueConnection) -> None:
+        self.connection = connection
+
+    def trouble(self, exc: BaseException) -> str:
+        return "database error"
+
+    @property
+    def broken(self) -> bool:
+        return self.connection.broken
+
+    def claim(
+        self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
+    ) -> ClaimedJob | None:
+        # No long polling here: an idle worker LISTENs (worker/wakeup.py), or polls.
+        with self.connection.cursor() as cursor:
+            return store.claim(cursor, worker_id, queues, skip_tasks)
+
+    def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None:
+        with self.connection.cursor() as cursor:
+            return store.finish(cursor, lease, outcome, **options)
+
+    def finish_and_claim(
+        self,
+        lease: Lease,
+        outcome: str,
+        queues: Sequence[str],
+        skip_tasks: Sequence[str],
+        **options: Any,
+    ) -> tuple[Ended | None, ClaimedJob | None]:
+        with self.connection.cursor() as cursor:
+            return store.finish_and_claim(cursor, lease, outcome, queues, skip_tasks, **options)
+
+    def attempt_outcome(self, lease: Lease) -> str | None:
+        with self.connection.cursor() as cursor:
+            return store.attempt_outcome(cursor, lease)
+
+    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+        with self.connection.cursor() as cursor:
+            return store.record_live(cursor, lease, progress, log)
+
+    def release(self, lease: Lease, reason: str) -> bool:
+        with self.connection.cursor() as cursor:
+            return store.release(cursor, lease, reason)
+
+    def hand_back(
+        self,
+        lease: Lease,
+        task: str,
+        *,
+        give_up_after: float,
+        worker_timeout: float,
+        seen_since: datetime.datetime | None,
+    ) -> HandBack | None:
+        with self.connection.cursor() as cursor:
+            return store.hand_back(
+                cursor,
+                lease,
+                task,
+                give_up_after=give_up_after,
+                worker_timeout=worker_timeout,
+                seen_since=seen_since,
+            )
+
+    def settle(self, settling: workflows.Settling, until: float) -> None:
+        with self.connection.cursor() as cursor:
+            settling.run(cursor, until=until)
+
+    def heartbeat(
+        self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
+    ) -> Beat:
+        with self.connection.cursor() as cursor:
+            return store.heartbeat(cursor, worker, leases, unwritten)
+
+    def recover_earlier_boots(self, worker: WorkerInfo) -> None:
+        with self.connection.cursor() as cursor:
+            recover_earlier_boots(cursor, worker)
+
+    def sync_queue_limits(self) -> None:
+        with self.connection.cursor() as cursor:
+            queues.sync_limits(cursor)
+
+    def unregister(self, worker_id: str) -> None:
+        with self.connection.cursor() as cursor:
+            store.unregister_worker(cursor, worker_id)
+
+    def sync_schedules(self) -> declarations.SyncReport:
+        with self.connection.cursor() as cursor:
+            return declarations.sync(cursor)
+
+    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
+        with self.connection.cursor() as cursor:
+            return ticks.fire_due(cursor, tasks)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+#: What :meth:`QueueGate.call` returns when the call failed.
+FAILED: Any = object()
+
+
+class QueueGate:
+    """Every call a worker makes to its queue, and the one backoff they share.
+
+    An outage (the connection broke) backs off every use of the queue, tried again at most
+    :data:`~django_jobs.runtime.backoff.OUTAGE_RETRY_CAP` apart, and is reported at once, then
+    once a minute. Any other error backs off every use too, unless the call has a backoff of
+    its own (an outbox write: one write that keeps failing must not hold back the others).
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.outage = Backoff(OUTAGE_RETRY_CAP)
+        self.last_error: BaseException | None = None
+        # Whether the last error was an outage or a bounded wait running out: those are retried
+        # for as long as it takes.
+        self.last_error_transient = False
+
+    def waiting(self) -> bool:
+        """Whether the queue is backed off: no call is due yet."""
+        return self.outage.waiting()
+
+    @property
+    def retry_at(self) -> float:
+        return self.outage.retry_at
+
+    def call(self, description: str, fn: Callable[[], T], *, own_backoff: bool = False) -> T:
+        """Return ``fn()``; or, on an error of the queue, log it, back off and return ``FAILED``."""
+        try:
+            result = fn()
+        except Exception as exc:
+            self.last_error = exc
+            self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
+            level = logging.WARNING if self.last_error_transient else logging.ERROR
+            if own_backoff and not self.queue.broken:
+                logger.log(
+                    level,
+                    "%s during %s (%s: %s); trying it again later",
+                    self.queue.trouble(exc),
+                    description,
+                    type(exc).__name__,
+                    first_line(exc),
+                )
+                return FAILED
+            delay = self.outage.failed()
+            unlogged = self.outage.complaints.due(exc)
+            if unlogged is not None:
+                logger.log(
+                    level,
+                    "%s during %s (%s: %s); retrying in %.1fs%s",
+                    self.queue.trouble(exc),
+                    description,
+                    type(exc).__name__,
+                    first_line(exc),
+                    delay,
+                    unlogged_note(unlogged),
+                )
+            return FAILED
+        failures = self.outage.succeeded()
+        if failures:
+            logger.info("%s reachable again after %d failed attempt(s)", self.queue.label, failures)
+        return result

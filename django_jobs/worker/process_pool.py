@@ -1,0 +1,423 @@
+"""The executor pool: long-lived executor processes, one job at a time each, over pipes.
+
+The pool spawns the executors, hands them jobs, keeps what each running job reports and prints
+in its slot's :class:`~django_jobs.worker.live.Watch`, stops them (a timeout, a cancellation, a lost
+lease, the end of the shutdown grace period: SIGTERM, then SIGKILL after ``JOBS_KILL_GRACE``)
+and turns what they say and how they exit into events for the supervisor. It never talks to
+the queue: what a report or an exit means for the job is the supervisor's to write.
+
+``spawn`` and ``wait`` are the pool's seams to the operating system: the unit tests pass fake
+executors that live in the test's own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_any
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from django.conf import settings
+
+from django_jobs import conf
+from django_jobs.progress import Progress
+from django_jobs.states import Outcome
+from django_jobs.store import ClaimedJob, Lease
+from django_jobs.worker.executor import Assignment, Report, executor_main
+from django_jobs.worker.live import Tail, Watch
+from django_jobs.worker.observer import Observer
+from django_jobs.worker.outcomes import job_fields
+
+logger = logging.getLogger("django_jobs.worker")
+
+# Why an executor was stopped by the supervisor, and the attempt outcome that follows.
+STOP_TIMEOUT = "timeout"
+STOP_CANCELLED = "cancelled"
+STOP_SHUTDOWN = "shutdown"
+STOP_LEASE_LOST = "lease_lost"
+
+#: Bytes of a job's output read at a time, and at most in one look (the rest waits for the next).
+OUTPUT_CHUNK = 64 * 1024
+OUTPUT_READ_LIMIT = 1024 * 1024
+
+
+@dataclasses.dataclass
+class Slot:
+    """One executor process and the job it is running, if any."""
+
+    index: int
+    process: BaseProcess
+    conn: Connection
+    # The read end of the executor's output pipe (None: its output is not captured).
+    output: Connection | None = None
+    ready: bool = False
+    job: ClaimedJob | None = None
+    started: float = 0.0
+    deadline: float | None = None
+    stop_reason: str | None = None
+    kill_at: float | None = None
+    # A newer claim of the job that this slot's executor still runs under an older lease: it
+    # starts here once that executor has exited, so that the job never runs twice at once.
+    deferred: ClaimedJob | None = None
+    # What the running job has reported and printed so far.
+    watch: Watch | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None or self.deferred is not None
+
+    @property
+    def pid(self) -> int:
+        """The executor's process id (its process is started when the slot is made)."""
+        pid = self.process.pid
+        assert pid is not None, "the executor has not been started"
+        return pid
+
+
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """An executor reported the end of its job; the slot is free again."""
+
+    slot: Slot
+    job: ClaimedJob
+    report: Report
+    elapsed: float
+    watch: Watch | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    """An executor process has exited, with or without a job, and needs replacing."""
+
+    slot: Slot
+    job: ClaimedJob | None
+    reason: str | None  # why the pool stopped it, if it did: one of the STOP_* reasons
+    code: int | None
+    elapsed: float
+    #: What the job had reported and printed up to the end.
+    watch: Watch | None = None
+
+    def report(self, job: ClaimedJob) -> Report:
+        """The end of the attempt of ``job``, whose executor was stopped for a timeout or a
+        cancellation, or died."""
+        if self.reason == STOP_TIMEOUT:
+            return Report(
+                job.id, Outcome.TIMEOUT, error=f"timed out after {job.timeout}s and was stopped"
+            )
+        if self.reason == STOP_CANCELLED:
+            return Report(job.id, Outcome.CANCELLED, error="cancelled while running")
+        return Report(job.id, Outcome.CRASHED, error=f"the job's process died ({self.how()})")
+
+    def how(self) -> str:
+        """How the process ended, in words."""
+        if self.code is None:
+            return "still running"
+        if self.code < 0:
+            try:
+                return f"killed by {signal.Signals(-self.code).name}"
+            except ValueError:
+                return f"killed by signal {-self.code}"
+        return f"exit code {self.code}"
+
+
+Event = Reported | Exited
+
+
+#: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
+#: end of its output pipe (``None``: not captured).
+Spawned = tuple[BaseProcess, Connection, Connection | None]
+
+
+def spawn_executor(index: int) -> Spawned:
+    """Start executor process ``index``, with its pipe and its output pipe."""
+    context = multiprocessing.get_context("spawn")
+    parent_conn, child_conn = context.Pipe(duplex=True)
+    output, child_output = context.Pipe(duplex=False)
+    process = context.Process(
+        target=executor_main,
+        args=(
+            child_conn,
+            child_output,
+            _picklable_databases(),
+            os.environ.get("DJANGO_SETTINGS_MODULE", ""),
+        ),
+        name=f"django-jobs-executor-{index}",
+        daemon=True,
+    )
+    process.start()
+    child_conn.close()
+    child_output.close()
+    # Read without blocking: a job's output is drained as far as it goes, then the loop goes on.
+    os.set_blocking(output.fileno(), False)
+    return process, parent_conn, output
+
+
+class ExecutorPool:
+    """``size`` executors, each in a :class:`Slot`."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        kill_grace: float | None = None,
+        observer: Observer | None = None,
+        spawn: Callable[[int], Spawned] = spawn_executor,
+        wait: Callable[[list[Any], float], list[Any]] = wait_for_any,
+    ) -> None:
+        self.size = size
+        self.kill_grace = conf.kill_grace() if kill_grace is None else kill_grace
+        self.observer = observer or Observer()
+        self._spawn_process = spawn
+        self._wait = wait
+        self.slots: list[Slot] = []
+        self.log_bytes = conf.attempt_log_bytes()
+
+    def start(self) -> None:
+        self.slots = [self._spawn(i) for i in range(self.size)]
+
+    def _spawn(self, index: int) -> Slot:
+        process, conn, output = self._spawn_process(index)
+        return Slot(index=index, process=process, conn=conn, output=output)
+
+    # ------------------------------------------------------------------ the slots
+
+    def free_slot(self) -> Slot | None:
+        return next((s for s in self.slots if s.ready and not s.busy), None)
+
+    def busy(self) -> int:
+        return sum(1 for slot in self.slots if slot.busy)
+
+    def holder(self, job_id: int) -> Slot | None:
+        """The slot running ``job_id``, if any."""
+        return next((s for s in self.slots if s.job is not None and s.job.id == job_id), None)
+
+    def leases(self) -> list[Lease]:
+        """The leases of every job the pool runs or is about to start."""
+        return [
+            job.lease for slot in self.slots for job in (slot.job, slot.deferred) if job is not None
+        ]
+
+    def watches(self) -> list[Watch]:
+        """What each running job has reported so far."""
+        return [slot.watch for slot in self.slots if slot.watch is not None]
+
+    def running(self) -> list[Slot]:
+        """The slots whose job runs, and is not being stopped."""
+        return [s for s in self.slots if s.job is not None and s.stop_reason is None]
+
+    def next_deadline(self) -> float | None:
+        """The soonest moment (monotonic) a running job times out, or an executor is killed."""
+        moments = []
+        for slot in self.slots:
+            if slot.deadline is not None and slot.stop_reason is None:
+                moments.append(slot.deadline)
+            if slot.kill_at is not None:
+                moments.append(slot.kill_at)
+        return min(moments, default=None)
+
+    # ------------------------------------------------------------------ jobs in, events out
+
+    def assign(self, slot: Slot, job: ClaimedJob) -> None:
+        """Start ``job`` on ``slot``'s executor."""
+        slot.job = job
+        slot.started = time.monotonic()
+        slot.deadline = slot.started + job.timeout if job.timeout else None
+        slot.stop_reason = None
+        slot.kill_at = None
+        slot.watch = Watch(job.lease, Tail(self.log_bytes))
+        # If the executor died between jobs, the send fails; its sentinel reports the crash.
+        with contextlib.suppress(OSError):
+            slot.conn.send(
+                Assignment(
+                    job_id=job.id,
+                    task=job.task,
+                    attempt=job.attempt,
+                    max_attempts=job.max_attempts,
+                    worker_id=job.lease.worker_id,
+                    args_json=job.args_json,
+                    kwargs_json=job.kwargs_json,
+                    lease=job.lease.token,
+                )
+            )
+
+    def defer(self, holder: Slot, job: ClaimedJob) -> None:
+        """Start ``job`` in ``holder``'s place once its executor, which runs the same job under
+        an older lease, has been stopped and has exited."""
+        holder.deferred = job
+        self.stop(holder, STOP_LEASE_LOST)
+
+    def stop(self, slot: Slot, reason: str) -> None:
+        """Stop ``slot``'s executor: SIGTERM now, SIGKILL after the kill grace."""
+        slot.stop_reason = reason
+        slot.kill_at = time.monotonic() + self.kill_grace
+        slot.ready = False
+        if slot.process.is_alive():
+            slot.process.terminate()
+
+    def wait(self, others: Sequence[Any], timeout: float) -> list[Any]:
+        """Wait up to ``timeout`` seconds for an executor to say something or exit, or for one
+        of ``others`` (sockets, file descriptors) to be ready; return what is ready."""
+        waitables: list[Any] = list(others)
+        for slot in self.slots:
+            waitables.append(slot.conn)
+            waitables.append(slot.process.sentinel)
+            if slot.output is not None:
+                waitables.append(slot.output)
+        return self._wait(waitables, timeout)
+
+    def events(self, ready: Sequence[Any]) -> Iterator[Event]:
+        """What the executors that ``ready`` (from :meth:`wait`) holds have said and done. Each
+        event is handled before the next one is read."""
+        for slot in list(self.slots):
+            if slot.output is not None and slot.output in ready:
+                self._read_output(slot, OUTPUT_READ_LIMIT)
+        for slot in list(self.slots):
+            if slot.conn in ready:
+                reported = self._receive(slot)
+                if reported is not None:
+                    yield reported
+        for slot in list(self.slots):
+            if slot.process.sentinel in ready and not slot.process.is_alive():
+                elapsed = time.monotonic() - slot.started
+                code = slot.process.exitcode
+                watch = self._last_of(slot)
+                yield Exited(slot, slot.job, slot.stop_reason, code, elapsed, watch)
+
+    def _read_output(self, slot: Slot, limit: float) -> None:
+        """Read what the executor wrote to its output pipe, up to ``limit`` bytes, into the
+        running job's tail (outside a job, nothing is written there)."""
+        assert slot.output is not None
+        read = 0
+        while read < limit:
+            try:
+                data = os.read(slot.output.fileno(), OUTPUT_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if not data:
+                return  # the executor has exited; its sentinel says so
+            read += len(data)
+            if slot.watch is not None:
+                slot.watch.printed(data)
+
+    def _last_of(self, slot: Slot) -> Watch | None:
+        """The running job's watch, with everything its executor wrote before it ended."""
+        if slot.output is not None:
+            self._read_output(slot, float("inf"))
+        watch, slot.watch = slot.watch, None
+        return watch
+
+    def _receive(self, slot: Slot) -> Reported | None:
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            return None  # the sentinel reports the death
+        if message == "ready":
+            slot.ready = True
+            self.observer.executor_ready(slot.pid)
+            return None
+        if isinstance(message, Progress):
+            if slot.watch is not None and slot.job is not None and message.job_id == slot.job.id:
+                slot.watch.reported(message)
+            return None
+        job = slot.job
+        if job is None or not isinstance(message, Report) or message.job_id != job.id:
+            logger.error("executor %d sent an unexpected message: %r", slot.index, message)
+            return None
+        # Record what the job did even if it was being stopped at that moment: a finished job's
+        # result beats a timeout. If the lease was lost meanwhile, the fenced write says so.
+        elapsed = time.monotonic() - slot.started
+        slot.job = None
+        slot.deadline = None
+        return Reported(slot, job, message, elapsed, self._last_of(slot))
+
+    def replace(self, slot: Slot) -> Slot:
+        """A fresh executor in the place of ``slot``'s, which has exited."""
+        slot.conn.close()
+        if slot.output is not None:
+            slot.output.close()
+        replacement = self._spawn(slot.index)
+        self.slots[self.slots.index(slot)] = replacement
+        return replacement
+
+    def retire(self, slot: Slot) -> None:
+        """Forget ``slot``, whose executor has exited, for good (the worker is stopping)."""
+        slot.conn.close()
+        if slot.output is not None:
+            slot.output.close()
+        self.slots.remove(slot)
+
+    def enforce_deadlines(self, grace_deadline: float | None) -> None:
+        """Stop the jobs that ran past their timeout, or past the end of the grace period of a
+        shutdown; kill the executors that outlived their stop by the kill grace."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.job is None:
+                continue
+            if slot.deadline is not None and now >= slot.deadline and slot.stop_reason is None:
+                logger.warning(
+                    "job %d timed out after %ss: stopping it",
+                    slot.job.id,
+                    slot.job.timeout,
+                    extra=job_fields(slot.job, slot.job.lease.worker_id),
+                )
+                self.stop(slot, STOP_TIMEOUT)
+            if grace_deadline is not None and now >= grace_deadline and slot.stop_reason is None:
+                logger.warning(
+                    "job %d still running at the end of the grace period: releasing it",
+                    slot.job.id,
+                    extra=job_fields(slot.job, slot.job.lease.worker_id),
+                )
+                self.stop(slot, STOP_SHUTDOWN)
+            if slot.kill_at is not None and now >= slot.kill_at and slot.process.is_alive():
+                slot.process.kill()
+                slot.kill_at = None
+
+    def shutdown(self, *, force: bool) -> None:
+        """Stop every executor: ask each to exit (or kill it, if ``force``), and wait a little."""
+        self.observer.stopping([slot.pid for slot in self.slots])
+        for slot in self.slots:
+            if force:
+                slot.process.kill()
+            else:
+                with contextlib.suppress(OSError):
+                    slot.conn.send(None)
+        deadline = time.monotonic() + 5
+        for slot in self.slots:
+            slot.process.join(max(0.0, deadline - time.monotonic()))
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join(1)
+            slot.conn.close()
+            if slot.output is not None:
+                slot.output.close()
+
+
+def _picklable_databases() -> dict[str, Any]:
+    # Settings dicts are plain data; a round trip through JSON proves it before a spawn fails.
+    databases = settings.DATABASES
+    try:
+        json.dumps(databases)
+        return databases
+    except TypeError:
+        return {
+            alias: {k: v for k, v in db.items() if _plain(v)} for alias, db in databases.items()
+        }
+
+
+def _plain(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except TypeError:
+        return False
