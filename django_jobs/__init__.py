@@ -13,7 +13,7 @@ from django_jobs.exceptions import (
     Retry,
     UnknownTask,
 )
-from django_jobs.registry import Task, job, remote_job
+from django_jobs.tasks import Task, job, remote_job
 
 __all__ = [
     "DependencyError",

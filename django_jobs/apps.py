@@ -31,7 +31,7 @@ def _declare_remote_tasks() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     from django_jobs.exceptions import InvalidOption
-    from django_jobs.registry import declare_remote_tasks
+    from django_jobs.tasks import declare_remote_tasks
 
     try:
         declare_remote_tasks(conf.remote_tasks())

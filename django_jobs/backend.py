@@ -44,13 +44,13 @@ from django_jobs.exceptions import (
     Retry,
 )
 from django_jobs.registry import BackoffPolicy, registry, validate_options
-from django_jobs.registry import Task as JobTask
 from django_jobs.sanitize import format_exception
 from django_jobs.states import UNSUCCESSFUL_OUTCOMES, Outcome, State
+from django_jobs.tasks import Task as JobTask
 
 if TYPE_CHECKING:
     from django_jobs.context import JobContext
-    from django_jobs.models import Attempt, Job
+    from django_jobs.models.job import Attempt, Job
 
 Status = compat.TaskResultStatus
 
@@ -193,7 +193,7 @@ class JobsBackend(compat.BaseTaskBackend):
             raise compat.InvalidTask(str(exc)) from exc
 
     def _read(self, job_id: int, through_attempt: int | None = None) -> compat.TaskResult:
-        from django_jobs.models import Job
+        from django_jobs.models.job import Job
 
         job = Job.objects.using(conf.database_alias()).filter(pk=job_id).first()
         if job is None:

@@ -51,15 +51,12 @@ def default_queue() -> str:
     return str(_get("JOBS_DEFAULT_QUEUE", "default"))
 
 
-def queues() -> list[str]:
-    """``JOBS_QUEUES``: the queues you use, for the admin's filters. Default: the default queue
-    plus every queue named by a registered task."""
+def queues() -> list[str] | None:
+    """``JOBS_QUEUES``: the queues you use, for the admin's filters. Default ``None``: the
+    default queue plus every queue named by a registered task
+    (:meth:`django_jobs.registry.Registry.queues`)."""
     configured = _get("JOBS_QUEUES", None)
-    if configured is not None:
-        return list(configured)
-    from django_jobs.registry import registry
-
-    return sorted({default_queue(), *(t.queue for t in registry.all())})
+    return None if configured is None else list(configured)
 
 
 def default_max_attempts() -> int:
@@ -347,7 +344,7 @@ def remote_tasks() -> Any:
     """``JOBS_REMOTE_TASKS``: tasks run by workers of the HTTP API, declared here so that their
     jobs are checked at enqueue like any other: ``{"ml.train": {"queue": "gpu", "timeout":
     7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit). Default
-    ``{}``. See :func:`django_jobs.registry.remote_job`."""
+    ``{}``. See :func:`django_jobs.tasks.remote_job`."""
     return _get("JOBS_REMOTE_TASKS", {})
 
 

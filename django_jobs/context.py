@@ -84,9 +84,9 @@ class JobContext:
         function may return at once, and the job waits for them without holding a worker.
         Raises :class:`~django_jobs.exceptions.SpawnRefused`, and creates nothing, once this
         job's cancellation was requested or this run lost its lease."""
-        from django_jobs.registry import Task, registry
+        from django_jobs.registry import registry
 
-        resolved = task if isinstance(task, Task) else registry.get(task)
+        resolved = registry.get(task) if isinstance(task, str) else task
         api = self._api()
         if api is not None:
             return self._spawn_over(api, resolved, args, kwargs)
@@ -107,7 +107,7 @@ class JobContext:
         here, and answers its id; the :class:`~django_jobs.models.Job` returned holds what the
         answer says (id, task, queue, state), not a fresh read of the row."""
         from django_jobs.exceptions import InvalidOption
-        from django_jobs.models import Job
+        from django_jobs.models.job import Job
 
         options: dict[str, Any] = {
             "queue": task.queue,
@@ -174,6 +174,6 @@ class JobContext:
 
     def job(self) -> Any:
         """This job's row, freshly read."""
-        from django_jobs.models import Job
+        from django_jobs.models.job import Job
 
         return Job.objects.using(conf.database_alias()).get(pk=self.job_id)

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
@@ -21,12 +21,15 @@ from django.db.models.base import ModelState
 from django_jobs import conf, workflows
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
-from django_jobs.models import Job
-from django_jobs.registry import Task, registry
+from django_jobs.models.job import Job
+from django_jobs.registry import registry
 from django_jobs.states import ENQUEUE, UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
 from django_jobs.store import db
 from django_jobs.store.sql import query
+
+if TYPE_CHECKING:
+    from django_jobs.tasks import Task
 
 logger = logging.getLogger("django_jobs.enqueue")
 
@@ -109,7 +112,7 @@ def _encode(
 
 
 def _resolve_task(task: Task | str) -> Task:
-    if isinstance(task, Task):
+    if not isinstance(task, str):
         # A Task object built by hand must still be the registered one.
         registered = registry.get(task.name)
         if registered.func is not task.func:

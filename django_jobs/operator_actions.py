@@ -25,7 +25,7 @@ from django.db.models import Count, QuerySet
 
 from django_jobs import conf, prune, store, workflows
 from django_jobs.cursor import Cursor
-from django_jobs.models import Job
+from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import RETRY
 
@@ -152,29 +152,3 @@ def delete(queryset: QuerySet[Job]) -> ActionReport:
     """Delete finished jobs, with their attempts and dependency rows, a small batch per
     statement (see prune.delete_jobs); unfinished ones are skipped."""
     return _apply(queryset, prune.delete_jobs)
-
-
-# ---------------------------------------------------------------------- one job
-# Job.cancel(), Job.retry() and Job.run_now() call these, through the connection of ``alias``.
-
-
-def cancel_job(alias: str, job_id: int, reason: str = "cancelled") -> str | None:
-    """Cancel one job, with cascades (see :func:`cancel`). Returns its state after the call:
-    ``"cancelled"``, ``"running"`` (asked to stop), or ``None`` if it had already finished."""
-    with connections[alias].cursor() as cursor:
-        changed = workflows.cancel_with_cascade(cursor, [job_id], reason)
-    return changed[0].state if changed else None
-
-
-def retry_job(alias: str, job_id: int, task: str, max_attempts: int) -> bool:
-    """Requeue one job that ended in error or was cancelled, with a fresh budget of attempts
-    (its task's ``max_attempts``, else ``max_attempts``). False if it was not requeued."""
-    budget = registry.max_attempts_for(task, max_attempts)
-    with connections[alias].cursor() as cursor:
-        return store.retry(cursor, job_id, budget)
-
-
-def run_job_now(alias: str, job_id: int) -> bool:
-    """Make one pending job ready now. False if it is not pending."""
-    with connections[alias].cursor() as cursor:
-        return store.run_now(cursor, job_id)

@@ -45,7 +45,7 @@ from django_jobs.admin.listing import (
     job_id,
     storable,
 )
-from django_jobs.models import Dashboard, Job
+from django_jobs.models.job import Dashboard, Job
 from django_jobs.queues.admin import QueueAdmin
 from django_jobs.schedules.admin import ScheduleAdmin
 from django_jobs.tokens.admin import ApiTokenAdmin

@@ -12,9 +12,8 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
-from django_jobs import conf
 from django_jobs.admin.listing import job_id
-from django_jobs.models import Job
+from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import State
 
@@ -45,7 +44,7 @@ class QueueFilter(FixedChoicesFilter):
     title = parameter_name = field = "queue"
 
     def options(self) -> list[tuple[str, str]]:
-        return [(q, q) for q in conf.queues()]
+        return [(q, q) for q in registry.queues()]
 
 
 class TaskFilter(FixedChoicesFilter):

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from django_jobs.admin.masking import MASKED_FIELDS
-from django_jobs.models import Job
+from django_jobs.models.job import Job
 
 
 class EstimatedCountPaginator(Paginator):

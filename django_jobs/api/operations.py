@@ -26,8 +26,9 @@ from django_jobs.exceptions import (
     UnknownTask,
 )
 from django_jobs.progress import Progress
-from django_jobs.registry import Task, registry
+from django_jobs.registry import registry
 from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo
+from django_jobs.tasks import Task
 
 
 def _cursor() -> Any:

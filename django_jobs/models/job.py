@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -248,38 +248,42 @@ class Job(models.Model):
         self.refresh_from_db()
         return self
 
-    # The operators' actions on one job. They live in operator_actions.py, a layer above the
-    # models (this module imports nothing of django_jobs but the states), and are imported when
-    # called.
+    # The operators' actions on one job, through the connection the row came from. They call
+    # the store and workflows, a layer above the models (which import nothing of django_jobs but
+    # the states and progress), imported when called; neither imports the models, so no import
+    # circle closes.
 
     def cancel(self, reason: str = "cancelled") -> str | None:
         """Cancel this job and what hangs off it: a pending or waiting job ends at once, a
         running one is asked to stop (its worker stops it within a heartbeat interval); its
         descendants likewise, and its dependents once it has ended. Returns the job's state
         after the call, or ``None`` if it had already finished."""
-        from django_jobs import operator_actions
+        from django_jobs import workflows
 
-        state = operator_actions.cancel_job(self._state.db or "default", self.pk, reason)
+        with connections[self._state.db or "default"].cursor() as cursor:
+            changed = workflows.cancel_with_cascade(cursor, [self.pk], reason)
         self.refresh_from_db()
-        return state
+        return changed[0].state if changed else None
 
     def retry(self) -> bool:
         """Requeue this job if it ended in error or was cancelled, with a fresh budget of
         attempts (its task's ``max_attempts``). Returns False if its state does not allow it,
         a dependency is not done, or another active job holds its unique key."""
-        from django_jobs import operator_actions
+        from django_jobs import store
+        from django_jobs.registry import registry
 
-        done = operator_actions.retry_job(
-            self._state.db or "default", self.pk, self.task, self.max_attempts
-        )
+        budget = registry.max_attempts_for(self.task, self.max_attempts)
+        with connections[self._state.db or "default"].cursor() as cursor:
+            done = store.retry(cursor, self.pk, budget)
         self.refresh_from_db()
         return done
 
     def run_now(self) -> bool:
         """Make this pending job ready at once. Returns False if it is not pending."""
-        from django_jobs import operator_actions
+        from django_jobs import store
 
-        done = operator_actions.run_job_now(self._state.db or "default", self.pk)
+        with connections[self._state.db or "default"].cursor() as cursor:
+            done = store.run_now(cursor, self.pk)
         self.refresh_from_db()
         return done
 

@@ -9,14 +9,12 @@ logic lives in :mod:`django_jobs.schedules.declarations` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-if TYPE_CHECKING:
-    from django_jobs.models import Job
+from django_jobs import conf
+from django_jobs.models.job import Job
 
 
 class Schedule(models.Model):
@@ -76,29 +74,38 @@ class Schedule(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    # The operators' actions on one schedule. They live in schedules/ticks.py, a layer above
+    # the models, imported when called; ticks never imports this module at run time, so no
+    # import circle closes.
+
     def pause(self, by: str) -> None:
         """Stop firing until :meth:`resume`; kept across syncs."""
         from django_jobs.schedules import ticks
 
-        ticks.pause(self, by)
+        ticks.pause(self.pk, by)
+        self.refresh_from_db()
 
     def resume(self) -> None:
         """Fire again from the next tick after now (ticks missed while paused are not run)."""
         from django_jobs.schedules import ticks
 
-        ticks.resume(self)
+        ticks.resume(self.pk)
+        self.refresh_from_db()
 
     def run_now(self) -> Job:
         """Enqueue one job now, as a tick would (recorded as a tick "run now")."""
         from django_jobs.schedules import ticks
 
-        return ticks.run_now(self)
+        job_id = ticks.run_now(self.pk)
+        self.refresh_from_db()
+        return Job.objects.using(conf.database_alias()).get(pk=job_id)
 
     def recompute_next_run(self) -> None:
         """Set ``next_run_at`` from the cron expression and time zone after an edit."""
         from django_jobs.schedules import ticks
 
-        ticks.recompute_next_run(self)
+        ticks.recompute_next_run(self.pk)
+        self.refresh_from_db()
 
 
 class ScheduleTick(models.Model):

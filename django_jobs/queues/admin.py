@@ -20,7 +20,7 @@ from django.http import HttpRequest
 from django_jobs import queues
 from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
-from django_jobs.models import Queue
+from django_jobs.models.queue_control import Queue
 
 
 class QueueForm(forms.ModelForm):

@@ -7,7 +7,7 @@
 - A **queue limit** (``JOBS_QUEUE_LIMITS = {"gpu": 4}``, the admin, ``manage.py jobqueue
   limit``) caps the queue's running jobs across all workers.
 - A **key limit** (``@job(concurrency_limit=1)``, ``.using(concurrency_key="import:42")``) caps
-  the running jobs that share the key; see :attr:`django_jobs.registry.Task.concurrency`.
+  the running jobs that share the key; see :attr:`django_jobs.tasks.Task.concurrency`.
 
 Both limits are exact. A claim that might take a limited queue's slot holds that queue's
 advisory lock (transaction-scoped: milliseconds, and fine through pgbouncer in transaction
@@ -32,7 +32,7 @@ from django_jobs import conf
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
-from django_jobs.registry import MAX_INT
+from django_jobs.registry import MAX_INT, registry
 from django_jobs.store import db
 from django_jobs.store.sql import query
 
@@ -96,7 +96,7 @@ def known(alias: str | None = None) -> set[str]:
     """The queues that exist as far as anything knows: the default queue, registered tasks'
     queues, ``JOBS_QUEUE_LIMITS``, queue controls, live workers' queues and unfinished jobs'."""
     alias = alias or conf.database_alias()
-    names = {*conf.queues()}
+    names = {*registry.queues()}
     limits = conf.queue_limits()
     if isinstance(limits, Mapping):
         names.update(limits)

@@ -29,7 +29,8 @@ from django_jobs.admin.display import badge
 from django_jobs.admin.listing import storable
 from django_jobs.admin.masking import masked_json, masked_text
 from django_jobs.exceptions import JobsError
-from django_jobs.models import Job, Schedule
+from django_jobs.models.job import Job
+from django_jobs.models.schedule import Schedule
 from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
 
 CODE_NOTE = (

@@ -11,7 +11,7 @@ from typing import Any
 from django import forms
 
 from django_jobs.exceptions import InvalidOption
-from django_jobs.models import Schedule
+from django_jobs.models.schedule import Schedule
 from django_jobs.registry import registry
 from django_jobs.sanitize import MASK, is_sensitive, mask_value
 from django_jobs.schedules.declarations import validate_schedule

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import connections
 
@@ -31,10 +31,6 @@ from django_jobs.schedules import cron
 from django_jobs.schedules.declarations import job_task
 from django_jobs.store import db
 from django_jobs.store.sql import query
-
-if TYPE_CHECKING:
-    from django_jobs.models import Job
-    from django_jobs.models.schedule import Schedule
 
 logger = logging.getLogger("django_jobs.schedules")
 
@@ -186,19 +182,21 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _locked(cursor: Cursor, schedule: Schedule) -> Due:
-    return _due(db.execute(cursor, query("lock_schedule"), {"id": schedule.pk}).fetchone())
+def _locked(cursor: Cursor, schedule_id: int) -> Due:
+    return _due(db.execute(cursor, query("lock_schedule"), {"id": schedule_id}).fetchone())
 
 
-def run_now(schedule: Schedule) -> Job:
-    """Enqueue one job of ``schedule`` now, through the tick's path, recorded as a tick "run
-    now"; return it (with ``overlap="skip"`` and a run still active: that run's job). Its
+# The operators' actions on one schedule, by id: Schedule.pause(), resume(), run_now() and
+# recompute_next_run() call these, then read the row again.
+
+
+def run_now(schedule_id: int) -> int:
+    """Enqueue one job of the schedule now, through the tick's path, recorded as a tick "run
+    now"; return its id (with ``overlap="skip"`` and a run still active: that run's job). Its
     next tick stays as it was. Raises :class:`JobsError` if no job can be made."""
-    from django_jobs.models import Job
-
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor, db.transaction(cursor):
-        due = _locked(cursor, schedule)
+        due = _locked(cursor, schedule_id)
         tick_id, job_id, outcome = fire(cursor, due, due.now, RUN_NOW)
         if outcome.startswith("not enqueued"):
             raise JobsError(f"schedule {due.name!r}: {outcome}")
@@ -207,39 +205,36 @@ def run_now(schedule: Schedule) -> Job:
             held = db.execute(cursor, query("find_active_unique"), key).fetchone()
             job_id = held[0] if held else None
         _record(cursor, due, due.next_run_at, due.now, tick_id, job_id, outcome, outcome)
-    schedule.refresh_from_db()
     if job_id is None:
         raise JobsError(f"schedule {due.name!r}: {outcome}")
-    return Job.objects.using(alias).get(pk=job_id)
+    return job_id
 
 
-def pause(schedule: Schedule, by: str) -> None:
-    """Stop ``schedule`` firing (kept across syncs) until :func:`resume`."""
-    _set_paused(schedule, True, by)
+def pause(schedule_id: int, by: str) -> None:
+    """Stop the schedule firing (kept across syncs) until :func:`resume`."""
+    _set_paused(schedule_id, True, by)
 
 
-def resume(schedule: Schedule) -> None:
-    """Fire ``schedule`` again from its next tick after now: ticks missed meanwhile are not
+def resume(schedule_id: int) -> None:
+    """Fire the schedule again from its next tick after now: ticks missed meanwhile are not
     run."""
-    _set_paused(schedule, False, "")
-    recompute_next_run(schedule)
+    _set_paused(schedule_id, False, "")
+    recompute_next_run(schedule_id)
 
 
-def _set_paused(schedule: Schedule, paused: bool, by: str) -> None:
+def _set_paused(schedule_id: int, paused: bool, by: str) -> None:
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor:
-        params = {"id": schedule.pk, "paused": paused, "by": by[:150]}
+        params = {"id": schedule_id, "paused": paused, "by": by[:150]}
         db.execute(cursor, query("set_paused"), params)
-    schedule.refresh_from_db()
 
 
-def recompute_next_run(schedule: Schedule) -> None:
+def recompute_next_run(schedule_id: int) -> None:
     """Set ``next_run_at`` to the first tick after now of the schedule's (edited) expression
     and time zone. Raises :class:`~django_jobs.exceptions.InvalidOption` if they are invalid."""
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor, db.transaction(cursor):
-        due = _locked(cursor, schedule)
+        due = _locked(cursor, schedule_id)
         next_run_at = cron.next_fire(due.cron, due.timezone, due.now)
         params = {"id": due.id, "next_run_at": next_run_at, "last_outcome": None}
         db.execute(cursor, query("set_next_run"), params)
-    schedule.refresh_from_db()

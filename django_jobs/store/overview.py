@@ -13,7 +13,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
-from django_jobs.models import Job
+from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
 from django_jobs.sanitize import mask_text
 from django_jobs.store import stats

@@ -27,6 +27,7 @@ from django_jobs import conf
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
 from django_jobs.progress import count
+from django_jobs.registry import registry
 from django_jobs.sanitize import mask_text
 from django_jobs.store import db
 from django_jobs.store.sql import query
@@ -168,7 +169,7 @@ def summary(window_minutes: int = 15) -> Summary:
     for worker in registered:
         if isinstance(worker["queues"], str):
             worker["queues"] = json.loads(worker["queues"])
-    names = set(conf.queues())
+    names = set(registry.queues())
     names.update(row["queue"] for row in states + ended + stuck)
     queues: dict[str, QueueSummary] = {name: _empty_queue(name) for name in sorted(names)}
 

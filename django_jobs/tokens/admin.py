@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from django_jobs.models import ApiToken
+from django_jobs.models.api_token import ApiToken
 from django_jobs.tokens import auth
 
 FIELDS = ("name", "prefix", "queues", "can_enqueue", "created_at", "created_by", "last_used_at",

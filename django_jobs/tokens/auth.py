@@ -22,8 +22,7 @@ from django.db.models.functions import Now
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
-from django_jobs.models import ApiToken
-from django_jobs.models.api_token import ALL_QUEUES
+from django_jobs.models.api_token import ALL_QUEUES, ApiToken
 
 PREFIX = "djt_"
 #: Seconds a process serving the API trusts what it read of a token.

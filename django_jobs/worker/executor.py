@@ -26,7 +26,7 @@ from django_jobs.worker.capture import Sink, captured
 
 if TYPE_CHECKING:
     from django_jobs.progress import Progress
-    from django_jobs.registry import Task
+    from django_jobs.tasks import Task
 
 
 @dataclasses.dataclass(frozen=True)
