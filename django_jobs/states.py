@@ -6,13 +6,14 @@ an operator's retry brings the last two back to ``pending``. The database holds 
 :class:`State` with a CHECK constraint.
 
 Every write to ``state`` makes one of the :class:`Transition` s declared below, and the rules
-everywhere else are derived from them:
+everywhere else are checked against them:
 
 - each statement that writes ``state`` is declared with its transition (a ``-- transition:
   claim`` line under its name in django_jobs/store/sql/, which the loader passes to
-  :meth:`Transition.statement`) and picks its rows with the transition's
-  :meth:`~Transition.guard`, the ``WHERE state ...`` rendered from its source states, spelled
-  in the SQL exactly as the transition renders it;
+  :meth:`Transition.statement`). Its guard is written by hand in the SQL, where a reviewer
+  reads it, and must be spelled exactly as the transition renders it
+  (:meth:`~Transition.guard`, the ``WHERE state ...`` of its source states): the statement
+  check fails, naming the statement, when the two drift apart;
 - the admin, the operators' actions, the workflows and the Tasks backend ask the transitions and
   the named sets of states and outcomes here, and spell out no set of their own;
 - ``tests/unit/test_states.py`` finds every statement in the package that writes ``state`` and

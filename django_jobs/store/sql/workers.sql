@@ -42,9 +42,12 @@ WHERE o.state = 'running' AND o.worker_id = %(id)s AND o.id <> ALL(%(known_ids)s
 DELETE FROM django_jobs_worker WHERE id = %(id)s
 
 -- name: running_jobs
--- Candidates for the reaper: running jobs whose worker has no fresh heartbeat, or that overran
--- their timeout plus a grace period. Index: job_running_worker_idx (partial on running), so the
--- cost follows the number of running jobs, not the table's size.
+-- The reaper's view of every running job, with what it judges them by: its worker's row (absent
+-- when the worker never registered or was forgotten), how long that worker has been silent, and
+-- whether the job overran its timeout plus a grace period. The reaper (reaper.py) and the
+-- liveness check decide which of them are lost; this statement selects them all.
+-- Index: job_running_worker_idx (partial on running), so the cost follows the number of running
+-- jobs, not the table's size.
 SELECT j.id, j.attempt, j.worker_id, j.lease::text, j.task, j.max_attempts, j.timeout,
        j.queue, EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for,
        w.id IS NULL AS unregistered, w.host, w.pid,
