@@ -50,7 +50,8 @@ from django_jobs.tasks import Task as JobTask
 
 if TYPE_CHECKING:
     from django_jobs.context import JobContext
-    from django_jobs.models.job import Attempt, Job
+    from django_jobs.models.attempt import Attempt
+    from django_jobs.models.job import Job
 
 Status = compat.TaskResultStatus
 

@@ -18,7 +18,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 
 from django_jobs import conf, operator_actions
-from django_jobs.models.job import Attempt, Job
+from django_jobs.models.attempt import Attempt
+from django_jobs.models.job import Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
 
 

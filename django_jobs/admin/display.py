@@ -17,7 +17,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_jobs.admin.masking import masked_error, masked_json, masked_text
-from django_jobs.models.job import Attempt, Job
+from django_jobs.models.attempt import Attempt
+from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
 from django_jobs.sanitize import mask_text
 from django_jobs.states import State

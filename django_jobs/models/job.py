@@ -1,4 +1,4 @@
-"""Tables of django-jobs: jobs, their attempts, dependencies between jobs, and live workers.
+"""The job table: one row per job, with its state, options, lease and progress.
 
 The partial indexes here serve the hot statements in :mod:`django_jobs.store`; each
 statement there names the index it relies on.
@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from django_jobs.progress import Shown
-from django_jobs.states import ACTIVE_STATES, FAILED_OUTCOMES, TERMINAL_STATES, Outcome, State
+from django_jobs.states import ACTIVE_STATES, TERMINAL_STATES, State
 
 
 class TransactionNow(models.Func):
@@ -317,123 +317,6 @@ class Job(models.Model):
         while job.parent_id is not None:
             job = Job.objects.get(pk=job.parent_id)
         return job
-
-
-class Attempt(models.Model):
-    """One claim of a job: who ran it, when, and how it ended. Every error is kept."""
-
-    Outcome = Outcome
-
-    id = models.BigAutoField(primary_key=True)
-    # Indexed by attempt_job_number_idx, whose leading column is job_id.
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
-    number = models.IntegerField()
-    worker_id = models.CharField(max_length=200)
-    started_at = models.DateTimeField(db_default=Now())
-    finished_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=16, choices=Outcome.choices, db_default=Outcome.RUNNING)
-    error = models.TextField(db_default="", blank=True)
-    traceback = models.TextField(db_default="", blank=True)
-    lease = models.UUIDField(null=True, blank=True, editable=False, help_text="The claim's token.")
-    #: What the run printed and logged (its last JOBS_ATTEMPT_LOG_BYTES, secrets masked): kept
-    #: up to date while it runs, at most once per JOBS_PROGRESS_INTERVAL, and when it ends.
-    log = models.TextField(db_default="", blank=True, editable=False)
-
-    class Meta:
-        db_table = "django_jobs_attempt"
-        ordering = ["job_id", "id"]
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(outcome__in=[o.value for o in Outcome]), name="attempt_outcome_valid"
-            ),
-            models.CheckConstraint(condition=Q(number__gte=1), name="attempt_number_positive"),
-        ]
-        indexes = [
-            models.Index("job", "number", name="attempt_job_number_idx"),
-            # The django_jobs_recent_failures view: failed attempts, newest first.
-            models.Index(
-                "finished_at",
-                name="attempt_failed_idx",
-                condition=Q(outcome__in=sorted(FAILED_OUTCOMES)),
-            ),
-            # Migration 0003 also creates attempt_finished_minute_idx, an expression index on
-            # the UTC minute of finished_at, for the django_jobs_throughput and
-            # django_jobs_task_durations views (Django's Meta.indexes cannot express it).
-        ]
-
-    def __str__(self) -> str:
-        return f"#{self.job_id} attempt {self.number} ({self.outcome})"
-
-    @property
-    def duration(self) -> Any:
-        if self.finished_at:
-            return self.finished_at - self.started_at
-        return None
-
-
-class Dependency(models.Model):
-    """``job`` may not run before ``depends_on`` is done."""
-
-    id = models.BigAutoField(primary_key=True)
-    # Indexed by the unique constraint (job, depends_on).
-    job = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="dependency_links", db_index=False
-    )
-    # Indexed by dependency_depends_on_idx (depends_on, job): a job's dependents in id order, so
-    # that promotion and cancellation cascades page through them in keyset batches.
-    depends_on = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="dependent_links", db_index=False
-    )
-
-    class Meta:
-        db_table = "django_jobs_dependency"
-        constraints = [
-            models.UniqueConstraint(fields=["job", "depends_on"], name="dependency_unique"),
-            models.CheckConstraint(
-                condition=~Q(job=models.F("depends_on")), name="dependency_not_self"
-            ),
-        ]
-        indexes = [models.Index(fields=["depends_on", "job"], name="dependency_depends_on_idx")]
-
-    def __str__(self) -> str:
-        return f"#{self.job_id} after #{self.depends_on_id}"
-
-
-class Worker(models.Model):
-    """The worker registry: one row per live worker process, refreshed by its heartbeat."""
-
-    id = models.CharField(max_length=200, primary_key=True)
-    name = models.CharField(max_length=200, help_text="Pod name or host, shared by boots.")
-    host = models.CharField(max_length=255)
-    pid = models.IntegerField()
-    queues = models.JSONField(db_default=models.Value([], models.JSONField()))
-    concurrency = models.IntegerField(db_default=1)
-    started_at = models.DateTimeField(db_default=Now())
-    last_seen_at = models.DateTimeField(db_default=Now())
-    boot_id = models.CharField(
-        max_length=255,
-        blank=True,
-        db_default="",
-        help_text="What a liveness check saw of the worker's container, to notice restarts.",
-    )
-    pod = models.CharField(
-        max_length=253,
-        blank=True,
-        db_default="",
-        help_text="The worker's Kubernetes pod (POD_NAME), for liveness checks; empty elsewhere.",
-    )
-    tasks = models.JSONField(
-        db_default=models.Value([], models.JSONField()),
-        help_text="The task names this worker has registered.",
-    )
-
-    class Meta:
-        db_table = "django_jobs_worker"
-        ordering = ["name", "id"]
-        indexes = [models.Index("name", name="worker_name_idx")]
-
-    def __str__(self) -> str:
-        return self.id
 
 
 class Dashboard(Job):

@@ -245,6 +245,9 @@ def test_the_finder_reads_each_form_of_import() -> None:
     assert early["django_jobs.models.job"] == {"django_jobs.progress", "django_jobs.states"}
     assert early["django_jobs.models"] == {
         "django_jobs.models.job",
+        "django_jobs.models.attempt",
+        "django_jobs.models.dependency",
+        "django_jobs.models.live_worker",
         "django_jobs.models.schedule",
         "django_jobs.models.queue_control",
         "django_jobs.models.api_token",
