@@ -212,11 +212,8 @@ def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
         except DatabaseError as exc:
             # The jobs are written, and the enqueue must not fail after its commit: the
             # reaper's repair pass settles them if their dependencies ended meanwhile.
-            logger.warning(
-                "could not check %d new waiting job(s) against their dependencies: %s",
-                len(job_ids),
-                exc,
-            )
+            message = "could not check %d new waiting job(s) against their dependencies: %s"
+            logger.warning(message, len(job_ids), exc)
 
     transaction.on_commit(settle, using=alias)
 
