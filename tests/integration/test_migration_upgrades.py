@@ -7,14 +7,23 @@ after each migration: that is what a fresh database looks like at every step. Th
 migrated to an old migration, filled with rows in every table that exists there, migrated to
 the latest migration, and then must hold the same rows, let a worker claim and finish their
 jobs, and have exactly the fresh schema. Going back and forward again keeps the rows too.
+
+A fresh database and an upgraded one run the same migration code, so comparing them cannot see
+a migration whose code was rewritten to make something else. tests/data/migrations.json can: it
+holds what each migration made when it was written (see RECORDED), and every run checks each
+migration against it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +36,7 @@ from psycopg.types.json import Jsonb
 from django_jobs import store
 from django_jobs.models import Job
 from django_jobs.store import Ended, Lease
-from tests.conftest import connect
+from tests.conftest import ROOT, connect
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -41,6 +50,13 @@ T0 = "2026-11-01T10:00:00+00:00"
 T1 = "2026-11-01T10:05:00+00:00"
 T2 = "2026-11-01T10:06:00+00:00"
 FUTURE = "2099-01-01T00:00:00+00:00"
+
+#: What each migration made when it was written, as :func:`recordable` keeps it (test
+#: ``test_each_migration_makes_what_it_made_when_it_was_recorded``). Migrations that have run on
+#: users' databases must go on making the same functions, views, columns, indexes and
+#: constraints, however their code is rewritten, so an entry is never edited. A new migration's
+#: entry is added by running this module with RECORD_MIGRATIONS=1.
+RECORDED = ROOT / "tests" / "data" / "migrations.json"
 
 #: A worker that claims after the upgrade.
 UPGRADED_WORKER = "upgrade:1:000000"
@@ -110,27 +126,43 @@ def schema(db: BaseDatabaseWrapper) -> Schema:
         "functions": """
             SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p
             WHERE p.proname LIKE 'django\\_jobs%%'""",
+        # Apart from pg_get_functiondef's, which PostgreSQL prints: as written, for recording.
+        "function sources": """
+            SELECT p.oid::regprocedure::text,
+                   jsonb_build_array(pg_get_function_result(p.oid), l.lanname, p.provolatile,
+                                     p.proparallel, p.proisstrict, p.prosecdef, p.prosrc)::text
+            FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+            WHERE p.proname LIKE 'django\\_jobs%%'""",
         "views": """
             SELECT viewname, definition FROM pg_views WHERE viewname LIKE 'django\\_jobs%%'""",
         "indexes": """
-            SELECT i.indexname, i.indexdef || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID' END
+            SELECT i.tablename || '.' || i.indexname,
+                   i.indexdef || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID' END
             FROM pg_indexes i
             JOIN pg_index x ON x.indexrelid = (quote_ident(i.schemaname) || '.'
                                                || quote_ident(i.indexname))::regclass
             WHERE i.tablename LIKE 'django\\_jobs%%'""",
         "constraints": """
             SELECT conrelid::regclass::text || '.' || conname, pg_get_constraintdef(oid)
-            FROM pg_constraint WHERE conrelid::regclass::text LIKE 'django\\_jobs%%'""",
+            FROM pg_constraint
+            WHERE conrelid::regclass::text LIKE 'django\\_jobs%%'
+              AND contype <> 'n'  -- PostgreSQL 18 lists NOT NULL here too; columns have it""",
         # By name, not position: going back drops columns, and forward adds them at the end.
         "columns": """
             SELECT c.relname || '.' || a.attname,
-                   format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull::text || ' '
-                   || coalesce(pg_get_expr(d.adbin, d.adrelid), '-')
+                   jsonb_build_array(format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                                     pg_get_expr(d.adbin, d.adrelid))::text
             FROM pg_attribute a
             JOIN pg_class c ON c.oid = a.attrelid
             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
             WHERE c.relname LIKE 'django\\_jobs%%' AND c.relkind IN ('r', 'v')
               AND a.attnum > 0 AND NOT a.attisdropped""",
+        "view columns": """
+            SELECT c.relname, string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod),
+                                         ', ' ORDER BY a.attnum)
+            FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+            WHERE c.relname LIKE 'django\\_jobs%%' AND c.relkind = 'v' AND a.attnum > 0
+            GROUP BY c.relname""",
         "storage": """
             SELECT relname, array_to_string(reloptions, ',') FROM pg_class
             WHERE relname LIKE 'django\\_jobs%%' AND reloptions IS NOT NULL""",
@@ -150,6 +182,45 @@ def assert_same_schema(actual: Schema, expected: Schema, where: str) -> None:
                 f"{where}: {kind[:-1]} {name} differs from a fresh database's:\n"
                 f"--- upgraded\n{got[name]}\n--- fresh\n{want[name]}"
             )
+
+
+def recordable(made: Schema) -> dict[str, Any]:
+    """What :data:`RECORDED` keeps of a schema: only what every PostgreSQL version prints
+    alike. A function by a fingerprint of its arguments, result, language, volatility,
+    parallel safety, strictness, security and source (without ``--`` comments, with its
+    whitespace collapsed); a view by its columns; a table's columns by type and nullability;
+    indexes and constraints by name."""
+
+    def fingerprint(source: str) -> str:
+        *attributes, body = json.loads(source)
+        body = " ".join(re.sub(r"--[^\n]*", " ", body).split())
+        return hashlib.sha256(json.dumps([*attributes, body]).encode()).hexdigest()
+
+    return {
+        "functions": {name: fingerprint(s) for name, s in sorted(made["function sources"].items())},
+        "views": dict(sorted(made["view columns"].items())),
+        "columns": {
+            name: " ".join((kind, "not null" if not_null else "null"))
+            for name, (kind, not_null, _) in sorted(
+                (name, json.loads(c)) for name, c in made["columns"].items()
+            )
+            if name.split(".")[0] not in made["view columns"]
+        },
+        "indexes": {name: True for name in sorted(made["indexes"])},
+        "constraints": {name: True for name in sorted(made["constraints"])},
+    }
+
+
+def changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a migration changed, kind by kind: new values by name, and None for what it removed."""
+    changed = {}
+    for kind, values in after.items():
+        old = before.get(kind, {})
+        delta = {k: v for k, v in values.items() if old.get(k) != v}
+        delta.update({k: None for k in old.keys() - values.keys()})
+        if delta:
+            changed[kind] = dict(sorted(delta.items()))
+    return changed
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +372,40 @@ def fill_0001(db: BaseDatabaseWrapper) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- tests
+
+
+def test_each_migration_makes_what_it_made_when_it_was_recorded(
+    fresh: dict[str, Schema],
+) -> None:
+    recorded = json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
+    made = {name: recordable(schema) for name, schema in fresh.items()}
+    new = [name for name in made if name not in recorded]
+    if new and os.environ.get("RECORD_MIGRATIONS"):
+        for name in new:
+            index = list(made).index(name)
+            recorded[name] = changes(made[list(made)[index - 1]] if index else {}, made[name])
+        RECORDED.write_text(json.dumps(recorded, indent=1) + "\n")
+        new = []
+    assert not new, (
+        f"record what {', '.join(new)} made: RECORD_MIGRATIONS=1 python -m pytest "
+        f"{Path(__file__).relative_to(ROOT)} -k recorded"
+    )
+    assert list(recorded) == list(made), "a recorded migration is gone, or out of order"
+    expected: dict[str, dict[str, Any]] = {kind: {} for kind in made[INITIAL]}
+    for name, changed in recorded.items():
+        for kind, values in changed.items():
+            for key, value in values.items():
+                if value is None:
+                    del expected[kind][key]
+                else:
+                    expected[kind][key] = value
+        for kind, want in expected.items():
+            got = made[name][kind]
+            differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+            assert not differ, (
+                f"after {name}, these {kind} are not what the migrations made when they were "
+                f"recorded in {RECORDED.name}: {differ}"
+            )
 
 
 def test_upgrading_from_0001_keeps_the_rows_and_gives_the_fresh_schema(
