@@ -38,7 +38,7 @@ from django_jobs.models import Job
 from django_jobs.store import Ended, Lease
 from tests.conftest import ROOT, connect
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+pytestmark = pytest.mark.django_db
 
 APP = "django_jobs"
 INITIAL = "0001_initial"
