@@ -179,7 +179,7 @@ def assert_same_schema(actual: Schema, expected: Schema, where: str) -> None:
         )
         for name in want:
             assert got[name] == want[name], (
-                f"{where}: {kind[:-1]} {name} differs from a fresh database's:\n"
+                f"{where}: {name} ({kind}) differs from a fresh database's:\n"
                 f"--- upgraded\n{got[name]}\n--- fresh\n{want[name]}"
             )
 
@@ -312,6 +312,17 @@ TABLES_0014 = [
 ]
 
 
+def assert_fills_every_table(db: BaseDatabaseWrapper, tables: list[str]) -> None:
+    """``tables`` are the app's tables in ``db``, and each has rows."""
+    found = fetch(
+        db,
+        "SELECT tablename FROM pg_tables WHERE tablename LIKE 'django\\_jobs%%' ORDER BY 1",
+    )
+    assert [name for (name,) in found] == sorted(tables)
+    for table in tables:
+        assert fetch(db, f"SELECT count(*) FROM {table}")[0][0] > 0, f"{table} is empty"
+
+
 def fill_0001(db: BaseDatabaseWrapper) -> dict[str, Any]:
     """Rows in every table of migration 0001: jobs in every state, their attempts, dependencies
     and workers. Returns the job ids by name."""
@@ -416,6 +427,7 @@ def test_upgrading_from_0001_keeps_the_rows_and_gives_the_fresh_schema(
     with scratch_database("from_0001") as db:
         migrate(db, INITIAL)
         ids = fill_0001(db)
+        assert_fills_every_table(db, TABLES_0001)
         before = dump(db, TABLES_0001)
         assert {t: len(r) for t, r in before.items()} == {
             "django_jobs_job": 7,
@@ -609,6 +621,7 @@ def test_upgrading_from_0014_keeps_the_rows_and_going_back_and_forward_keeps_the
     with scratch_database("from_0014") as db:
         migrate(db, PROGRESS)
         ids = fill_0014(db)
+        assert_fills_every_table(db, TABLES_0014)
         before = dump(db, TABLES_0014)
         assert {t: len(r) for t, r in before.items()} == {
             "django_jobs_job": 10,
