@@ -2,7 +2,7 @@
 
 The statement is ``claim_any_queue``, ``claim_one_queue`` or ``claim_some_queues`` of
 django_jobs/store/sql/claim.sql, which the worker runs inside the ``django_jobs_claim()`` function
-(django_jobs/store/sql/functions.sql) through ``call_claim``.
+(django_jobs/store/sql/functions/) through ``call_claim``.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     return query("claim_some_queues"), {"queues": list(queues), "skip_tasks": None}
 
 
-#: The PL/pgSQL function the worker claims with (django_jobs/store/sql/functions.sql).
+#: The PL/pgSQL function the worker claims with (django_jobs/store/sql/functions/).
 CLAIM_FUNCTION = "django_jobs_claim"
 
 

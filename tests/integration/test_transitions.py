@@ -22,6 +22,7 @@ from django_jobs import migrations, store
 from django_jobs.models import Attempt, Job
 from django_jobs.states import Outcome
 from django_jobs.store import sql
+from django_jobs.store.sql import functions
 from tests.conftest import connect
 from tests.factories import JobFactory
 
@@ -315,7 +316,8 @@ def _literal(conn, value) -> str:
 
 
 def _function_body(name: str) -> str:
-    """The body of the function ``name`` of functions.sql: its text between the ``$body$``."""
+    """The body of the function ``name`` as its newest file makes it: its text between the
+    ``$body$``."""
     return sql.query(name).split("$body$")[1]
 
 
@@ -331,9 +333,9 @@ FUNCTIONS = (
 )
 
 
-def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() -> None:
-    # A change to functions.sql needs a migration that replaces the functions, or the worker
-    # would run the old ones.
+def test_the_worker_functions_in_the_database_are_the_newest_function_files() -> None:
+    # A new version of a function needs a migration that makes it, or the worker would run the
+    # old one.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", [list(FUNCTIONS)]
@@ -342,20 +344,42 @@ def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() ->
     assert bodies == {name: _function_body(name).strip() for name in FUNCTIONS}
 
 
+def _definitions(cursor) -> dict[str, str]:
+    cursor.execute(
+        "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p"
+        " WHERE p.proname LIKE 'django_jobs%%' AND pg_function_is_visible(p.oid)"
+    )
+    return dict(cursor.fetchall())
+
+
+def test_making_the_newest_function_files_again_changes_nothing_in_the_database() -> None:
+    # Each function is exactly what its newest file makes: its arguments, result, attributes
+    # and body. (Made again inside the test's transaction, which is rolled back.)
+    with connection.cursor() as cursor:
+        migrated = _definitions(cursor)
+        for newest in functions.newest():
+            cursor.execute(
+                newest.statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+            )
+        assert _definitions(cursor) == migrated
+    assert {name.split("(")[0] for name in migrated} == {found.name for found in functions.newest()}
+
+
 @pytest.mark.django_db(False)
-def test_the_latest_migration_that_makes_each_function_makes_it_as_functions_sql_says() -> None:
-    made = {}
+def test_migrations_make_functions_from_their_files_only() -> None:
+    # Every statement of a migration that makes a function is a version's file, loaded by name.
+    statements = {found.statement for found in functions.FUNCTIONS.values()}
+    made = set()
     for path in sorted(Path(migrations.__file__).parent.glob("0*.py")):
         module = importlib.import_module(f"django_jobs.migrations.{path.stem}")
         for operation in module.Migration.operations:
-            statements = getattr(operation, "sql", [])
-            for statement in [statements] if isinstance(statements, str) else statements:
-                for name in FUNCTIONS:
-                    if f"CREATE FUNCTION {name}(" in _words(statement):
-                        made[name] = (path.stem, statement)
-    for name in FUNCTIONS:
-        migration, statement = made[name]
-        assert _words(statement) == _words(sql.query(name).removesuffix(";")), migration
+            for attribute in ("sql", "reverse_sql"):
+                found = getattr(operation, attribute, None) or []
+                for statement in [found] if isinstance(found, str) else found:
+                    if "FUNCTION" in statement and "DROP FUNCTION" not in statement:
+                        assert statement in statements, (path.stem, statement[:80])
+                        made.add(statement)
+    assert made == statements
 
 
 def _as_statement(branch: str, arguments: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from django_jobs.store import sql
+from django_jobs.store.sql import functions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +43,14 @@ def test_a_transition_that_does_not_exist_is_refused() -> None:
 
 def test_the_sql_files_are_package_data() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "store/sql/*.sql" in project["tool"]["setuptools"]["package-data"]["django_jobs"]
+    data = project["tool"]["setuptools"]["package-data"]["django_jobs"]
+    assert {"store/sql/*.sql", "store/sql/functions/*.sql"} <= set(data)
+    folder = ROOT / "django_jobs" / "store" / "sql"
     assert {found.file for found in sql.QUERIES.values()} == {
-        path.name for path in (ROOT / "django_jobs" / "store" / "sql").glob("*.sql")
+        path.name for path in folder.glob("*.sql")
+    } | {f"functions/{newest.file}" for newest in functions.newest()}
+    assert {found.file for found in functions.FUNCTIONS.values()} == {
+        path.name for path in (folder / "functions").glob("*.sql")
     }
 
 

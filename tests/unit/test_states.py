@@ -335,7 +335,7 @@ def test_the_statements_found_are_the_ones_expected() -> None:
     assert found == {
         "insert_job": "enqueue",
         "django_jobs.enqueue._COPY": "enqueue",
-        # The worker's functions (functions.sql), and the claim's branches as statements.
+        # The worker's functions (the newest of functions/*.sql), and the claim's branches.
         "django_jobs_claim": "claim",
         "django_jobs_finish": "end attempt",
         "claim_any_queue": "claim",

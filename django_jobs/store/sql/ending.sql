@@ -3,7 +3,7 @@
 -- means the lease was lost.
 
 -- name: call_finish
--- The worker's finish, inside django_jobs_finish() (functions.sql): the reap below without
+-- The worker's finish, inside django_jobs_finish() (functions/): the reap below without
 -- its re-check and without SKIP LOCKED.
 SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
                                  %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
