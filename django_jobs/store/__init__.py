@@ -26,6 +26,7 @@ from django_jobs.store.claiming import (
     ClaimedJob,
     Lease,
     claim,
+    claim_branch,
     claim_sql,
 )
 from django_jobs.store.control import (
@@ -89,6 +90,7 @@ __all__ = [
     "cancel_without_cascade",
     "changes_of",
     "claim",
+    "claim_branch",
     "claim_sql",
     "delete_worker_if_idle",
     "finish",

@@ -393,12 +393,12 @@ def _as_statement(branch: str, arguments: dict[str, str]) -> str:
 def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
     branches = re.findall(r"RETURN QUERY(.*?);", _function_body(store.CLAIM_FUNCTION), re.S)
     arguments = {"p_worker_id": "%(worker_id)s", "p_skip_tasks": "%(skip_tasks)s"}
-    one_queue = _words(sql.query("claim_one_queue"))
+    one_queue = _words(store.claim_branch("claim_one_queue"))
     assert [_as_statement(branch, arguments) for branch in branches] == [
-        _words(sql.query("claim_any_queue")),
+        _words(store.claim_branch("claim_any_queue")),
         one_queue.replace("%(queue)s", "v_queues[1]"),
-        _words(sql.query("claim_some_queues")).replace("%(queues)s", "v_queues"),
-        _words(sql.query("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
+        _words(store.claim_branch("claim_some_queues")).replace("%(queues)s", "v_queues"),
+        _words(store.claim_branch("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
         one_queue.replace("%(queue)s", "v_free.queue"),
     ]
 

@@ -38,7 +38,7 @@ from django_jobs.states import (
     Transition,
     can_transition,
 )
-from django_jobs.store import sql
+from django_jobs.store import claim_branch, sql
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
@@ -335,13 +335,9 @@ def test_the_statements_found_are_the_ones_expected() -> None:
     assert found == {
         "insert_job": "enqueue",
         "django_jobs.enqueue._COPY": "enqueue",
-        # The worker's functions (the newest of functions/*.sql), and the claim's branches.
+        # The worker's functions (the newest of functions/*.sql).
         "django_jobs_claim": "claim",
         "django_jobs_finish": "end attempt",
-        "claim_any_queue": "claim",
-        "claim_one_queue": "claim",
-        "claim_some_queues": "claim",
-        "claim_keyed_job": "claim",
         "reap": "end attempt",
         "release": "release",
         "hand_back": "release",
@@ -392,7 +388,7 @@ def orm(job):
 
 
 def test_the_states_a_statement_writes_are_read_from_its_assignments_and_cases() -> None:
-    assert written_states(sql.query("claim_any_queue")) == {RUNNING}
+    assert written_states(claim_branch("claim_any_queue")) == {RUNNING}
     assert written_states(sql.query("reap")) == {DONE, WAITING, CANCELLED, PENDING, ERROR}
     assert written_states(sql.query("django_jobs_finish")) == written_states(sql.query("reap"))
     assert written_states(sql.query("cancel_many")) == {RUNNING, CANCELLED}
