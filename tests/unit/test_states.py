@@ -39,6 +39,7 @@ from django_jobs.states import (
     can_transition,
 )
 from django_jobs.store import claim_branch, sql
+from django_jobs.store.sql import functions
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
@@ -262,10 +263,18 @@ _WRITTEN = re.compile(
 )
 
 
-def written_states(sql: str) -> set[str]:
+# A call of a database function (not the line that makes one).
+_CALL = re.compile(r"(?<!FUNCTION )\b(django_jobs_\w+)\s*\(")
+
+
+def written_states(sql_text: str) -> set[str]:
     """The state literals a statement may write: assigned to ``state``, or the result of a
-    ``CASE`` (which, in these statements, is what a ``SET state =`` takes)."""
-    return set(_WRITTEN.findall(sql))
+    ``CASE`` (which, in these statements, is what a ``SET state =`` takes); and those of the
+    package's database functions it calls (the reap ends an attempt by calling the finish)."""
+    written = set(_WRITTEN.findall(sql_text))
+    for called in set(_CALL.findall(sql_text)) & {found.name for found in functions.newest()}:
+        written |= written_states(sql.query(called))
+    return written
 
 
 def test_each_declared_statement_guards_on_its_sources_and_writes_only_its_targets() -> None:

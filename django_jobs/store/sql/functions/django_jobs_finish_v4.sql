@@ -1,6 +1,20 @@
 -- transition: end attempt
--- The end of an attempt by its worker: the statement of ending.sql's reap, without the
--- re-check of the reason and without SKIP LOCKED.
+-- Ending an attempt, by its worker (call_finish) or by the reaper (reap, in ending.sql, once it
+-- has locked the job and re-checked why). It is fenced on the lease (and locks FOR NO KEY
+-- UPDATE, as the claim does, so that a transaction enqueueing a dependent or a child of the job
+-- never holds it back), decides the job's next state in one place, and closes the attempt row:
+-- - success: done, or waiting if the job spawned children that are not finished yet (the
+--   parent is finalized when its last child ends, see workflows.sql), or cancelled if its
+--   cancellation was requested meanwhile (its unfinished children are then cancelled too);
+-- - cancelled if cancellation was asked for;
+-- - pending again, after the retry delay counted from the database's now(), while attempts
+--   remain and the failure is retryable;
+-- - error otherwise.
+-- It also says whether the job has a parent, dependents, or unfinished children of this
+-- attempt, which then need settling. A parent's outcome is decided by the children of its
+-- final attempt only (parent_attempt); those of an attempt that failed are cancelled by the
+-- settling.
+-- Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx.
 -- Made by 0010_unknown_tasks_and_worker_pods.
 CREATE FUNCTION django_jobs_finish(
     p_job_id bigint, p_attempt integer, p_worker_id text, p_lease uuid, p_outcome text,
