@@ -251,6 +251,18 @@ def test_every_statement_that_writes_state_is_declared_with_its_transition() -> 
     )
 
 
+def test_the_newest_version_of_each_database_function_is_read_as_a_statement() -> None:
+    # The functions' writes are checked where they live: in django_jobs/store/sql/functions/.
+    for newest in functions.newest():
+        found = sql.QUERIES[newest.name]
+        assert found.file == f"functions/{newest.file}"
+        assert " ".join(found.text.split()) == " ".join(newest.statement.split())
+    assert {name for name in sql_writers() if name.startswith("django_jobs_")} == {
+        "django_jobs_claim",
+        "django_jobs_finish",
+    }
+
+
 def test_every_transition_is_made_by_a_declared_statement() -> None:
     made = {transition for _, transition in declared_statements_by_name().values()}
     assert made == set(TRANSITIONS)

@@ -1,7 +1,8 @@
 -- transition: claim
--- The claim of claim.sql. With no queue paused or limited and no job with a concurrency key
--- waiting, one statement: claim_any_queue, claim_one_queue or claim_some_queues, with the
--- function's arguments for their parameters. Otherwise (queues.py explains the rules):
+-- The worker's claim (call_claim of claim.sql, which explains the statement). With no queue
+-- paused or limited and no job with a concurrency key waiting, one statement: the branch
+-- claim_any_queue, claim_one_queue or claim_some_queues (store.claim_branch reads each out of
+-- this file, for its plan). Otherwise (queues.py explains the rules):
 --   1. the queue controls: paused queues are closed; each limited queue is locked (an
 --      advisory lock held until the claim commits, taken in name order) and then its running
 --      jobs counted, so claims that might take its last slot take turns and each counts what
@@ -13,9 +14,9 @@
 --   3. the earlier of the two is claimed. A keyed job only once its key's advisory lock is
 --      taken (a try: a key being claimed by another worker is passed over, never waited for)
 --      and, in a new statement that sees every claim committed before, its key still has a free
---      slot; a job without a key by claim_one_queue on its queue. The one row is locked with
---      SKIP LOCKED as always. A job or key passed over is left out and step 2 runs again, at
---      most ten times.
+--      slot (the branch claim_keyed_job); a job without a key as claim_one_queue does, on its
+--      queue. The one row is locked with SKIP LOCKED as always. A job or key passed over is
+--      left out and step 2 runs again, at most ten times.
 -- Made by 0013_queue_controls.
 CREATE OR REPLACE FUNCTION django_jobs_claim(p_worker_id text, p_queues text[], p_skip_tasks text[])
 RETURNS TABLE (
