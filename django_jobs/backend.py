@@ -287,7 +287,7 @@ class TaskRunner:
             value = _json_value(call(args, kwargs))
         except BaseException as exc:
             # The worker retries a failure unless it is a Fail or the last attempt (the finish
-            # function of sql/functions.sql decides the same way).
+            # function, store/sql/functions/django_jobs_finish_v*.sql, decides the same way).
             retried = not isinstance(exc, Fail) and context.attempt < context.max_attempts
             result.errors.append(
                 compat.TaskError(

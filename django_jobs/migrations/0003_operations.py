@@ -12,6 +12,8 @@ this is why the migration is not atomic. If it is interrupted, drop the indexes 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
+from django_jobs.store.sql.functions import replace_function
+
 # Storage parameters. Job rows are updated at every transition (claim, finish, retry); the
 # worker table is rewritten by every heartbeat; attempts are inserted, then updated once.
 # Lower vacuum and analyze thresholds keep dead tuples and stale statistics small on tables
@@ -54,14 +56,9 @@ def _set_storage(table: str, params: dict[str, str]) -> migrations.RunSQL:
 
 # Thresholds of the views, read from custom session settings with django-jobs' defaults:
 # django_jobs.worker_timeout (JOBS_WORKER_TIMEOUT, 60 s), django_jobs.timeout_grace
-# (JOBS_TIMEOUT_GRACE, 60 s), django_jobs.late_pending_after (900 s). Set them per database or
-# role when your settings differ: ALTER DATABASE app SET django_jobs.worker_timeout = 120.
-SETTING_FUNCTION = """
-CREATE OR REPLACE FUNCTION django_jobs_setting(name text, fallback float8) RETURNS float8
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce(nullif(current_setting('django_jobs.' || name, true), '')::float8, fallback)
-$$
-"""
+# (JOBS_TIMEOUT_GRACE, 60 s), django_jobs.late_pending_after (900 s), by django_jobs_setting
+# (django_jobs/store/sql/functions/django_jobs_setting_v1.sql). Set them per database or role when
+# your settings differ: ALTER DATABASE app SET django_jobs.worker_timeout = 120.
 
 # The UTC minute of a timestamp, as an immutable expression (date_trunc on timestamptz depends
 # on the session's TimeZone, so it cannot be indexed). Views group by exactly this expression,
@@ -220,8 +217,10 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             MINUTE_INDEX, "DROP INDEX CONCURRENTLY IF EXISTS attempt_finished_minute_idx"
         ),
-        migrations.RunSQL(
-            SETTING_FUNCTION, "DROP FUNCTION IF EXISTS django_jobs_setting(text, float8)"
+        replace_function(
+            "django_jobs_setting",
+            1,
+            reverse_drop="DROP FUNCTION IF EXISTS django_jobs_setting(text, float8)",
         ),
         *(
             migrations.RunSQL(

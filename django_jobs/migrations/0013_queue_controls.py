@@ -13,8 +13,8 @@ queue does not stop it.
 
 The claim function is replaced (same arguments: workers of the previous release keep working
 with it); two helper functions find its candidates. The ``django_jobs_queue_summary`` view gets
-the pause and limit columns. The functions' text is as ``django_jobs/sql/functions.sql`` had it
-when this migration was written; tests check that the database's functions match it.
+the pause and limit columns. The functions are version 5 of the claim and version 1 of
+each helper in django_jobs/store/sql/functions/; going back makes the claim's version 4 again.
 """
 
 import importlib
@@ -24,297 +24,12 @@ from django.db import migrations, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-# Going back restores the claim function as migration 0010 made it, and the view as 0003 did.
-_PREVIOUS = importlib.import_module("django_jobs.migrations.0010_unknown_tasks_and_worker_pods")
+from django_jobs.store.sql.functions import function_sql
+
+# The views as 0003 made them: this migration rewrites two, and going back restores them.
 _VIEWS = importlib.import_module("django_jobs.migrations.0003_operations").VIEWS
 
-CREATE_KEYED_CANDIDATE = """
-CREATE OR REPLACE FUNCTION django_jobs_keyed_candidate(
-    p_queues text[], p_closed text[], p_skip_tasks text[], p_passed_keys text[],
-    p_passed_ids bigint[]
-)
-RETURNS TABLE (
-    id bigint, priority smallint, run_after timestamptz, queue varchar, concurrency_key varchar,
-    concurrency_limit integer
-)
-LANGUAGE plpgsql STABLE AS $body$#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-WITH RECURSIVE pairs(k, q) AS (
-    (SELECT concurrency_key, queue FROM django_jobs_job
-     WHERE state = 'pending' AND concurrency_key IS NOT NULL
-     ORDER BY concurrency_key, queue LIMIT 1)
-    UNION ALL
-    SELECT n.concurrency_key, n.queue FROM pairs p CROSS JOIN LATERAL (
-        SELECT concurrency_key, queue FROM django_jobs_job
-        WHERE state = 'pending' AND concurrency_key IS NOT NULL
-          AND (concurrency_key, queue) > (p.k, p.q)
-        ORDER BY concurrency_key, queue LIMIT 1
-    ) n
-)
-SELECT j.id, j.priority, j.run_after, j.queue, j.concurrency_key, j.concurrency_limit
-FROM pairs p CROSS JOIN LATERAL (
-    SELECT j.id, j.priority, j.run_after, j.queue, j.concurrency_key, j.concurrency_limit
-    FROM django_jobs_job j
-    WHERE j.state = 'pending' AND j.concurrency_key IS NOT NULL
-      AND j.concurrency_key >= p.k AND j.concurrency_key <= p.k AND j.queue >= p.q
-      AND j.queue <= p.q AND j.run_after <= now()
-      AND (p_skip_tasks IS NULL OR j.task <> ALL(p_skip_tasks))
-      AND j.id <> ALL(p_passed_ids)
-    ORDER BY j.concurrency_key, j.queue, j.priority DESC, j.run_after, j.id
-    LIMIT 1
-) j
-WHERE (p_queues IS NULL OR p.q = ANY(p_queues)) AND p.q <> ALL(p_closed)
-  AND p.k <> ALL(p_passed_keys)
-  AND j.concurrency_limit > (
-      SELECT count(*) FROM django_jobs_job r
-      WHERE r.state = 'running' AND r.concurrency_key = p.k
-  )
-ORDER BY j.priority DESC, j.run_after, j.id
-LIMIT 1
-;
-END
-$body$
-"""
-
-CREATE_FREE_CANDIDATE = """
-CREATE OR REPLACE FUNCTION django_jobs_free_candidate(
-    p_queues text[], p_closed text[], p_skip_tasks text[]
-)
-RETURNS TABLE (id bigint, priority smallint, run_after timestamptz, queue varchar)
-LANGUAGE plpgsql STABLE AS $body$#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-WITH RECURSIVE queues(q) AS (
-    (SELECT queue FROM django_jobs_job
-     WHERE state = 'pending' AND concurrency_key IS NULL
-     ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT n.queue FROM queues s CROSS JOIN LATERAL (
-        SELECT queue FROM django_jobs_job
-        WHERE state = 'pending' AND concurrency_key IS NULL AND queue > s.q
-        ORDER BY queue LIMIT 1
-    ) n
-)
-SELECT j.id, j.priority, j.run_after, j.queue
-FROM queues s CROSS JOIN LATERAL (
-    SELECT j.id, j.priority, j.run_after, j.queue FROM django_jobs_job j
-    WHERE j.state = 'pending' AND j.concurrency_key IS NULL AND j.queue >= s.q
-      AND j.queue <= s.q AND j.run_after <= now()
-      AND (p_skip_tasks IS NULL OR j.task <> ALL(p_skip_tasks))
-    ORDER BY j.queue, j.priority DESC, j.run_after, j.id
-    LIMIT 1
-) j
-WHERE (p_queues IS NULL OR s.q = ANY(p_queues)) AND s.q <> ALL(p_closed)
-ORDER BY j.priority DESC, j.run_after, j.id
-LIMIT 1
-;
-END
-$body$
-"""
-
-CREATE_CLAIM = """
-CREATE OR REPLACE FUNCTION django_jobs_claim(p_worker_id text, p_queues text[], p_skip_tasks text[])
-RETURNS TABLE (
-    id bigint, task varchar, queue varchar, args text, kwargs text, attempt integer,
-    max_attempts integer, timeout integer, parent_id bigint, lease uuid, attempt_id bigint
-)
-LANGUAGE plpgsql AS $body$#variable_conflict use_column
-DECLARE
-    v_queues text[] := NULLIF(p_queues, '{}');
-    v_closed text[];
-    v_limited text[];
-    v_name text;
-    v_passed_keys text[] := '{}';
-    v_passed_ids bigint[] := '{}';
-    v_keyed record;
-    v_free record;
-    v_running bigint;
-    v_round integer := 0;
-BEGIN
-    SELECT coalesce(array_agg(q.name ORDER BY q.name) FILTER (WHERE q.paused), '{}'),
-           coalesce(array_agg(q.name ORDER BY q.name) FILTER (WHERE NOT q.paused), '{}')
-    INTO v_closed, v_limited
-    FROM django_jobs_queue q
-    WHERE (q.paused OR q.concurrency_limit IS NOT NULL)
-      AND (v_queues IS NULL OR q.name = ANY(v_queues));
-    IF cardinality(v_limited) > 0 THEN
-        FOREACH v_name IN ARRAY v_limited LOOP
-            PERFORM pg_advisory_xact_lock(hashtextextended('django_jobs.queue:' || v_name, 0));
-        END LOOP;
-        v_closed := v_closed || ARRAY(
-            SELECT q.name::text FROM django_jobs_queue q
-            WHERE q.name = ANY(v_limited) AND q.concurrency_limit <= (
-                SELECT count(*) FROM django_jobs_job r WHERE r.state = 'running' AND r.queue = q.name
-            )
-        );
-    END IF;
-
-    IF cardinality(v_closed) = 0 AND NOT EXISTS (
-        SELECT 1 FROM django_jobs_job k WHERE k.state = 'pending' AND k.concurrency_key IS NOT NULL
-    ) THEN
-        IF v_queues IS NULL THEN
-            RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-        ELSIF cardinality(v_queues) = 1 THEN
-            RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = v_queues[1]
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-        ELSE
-            RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = ANY(v_queues)
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-        END IF;
-        RETURN;
-    END IF;
-
-    LOOP
-        v_round := v_round + 1;
-        IF v_round > 10 THEN
-            RETURN;
-        END IF;
-        SELECT * INTO v_keyed FROM django_jobs_keyed_candidate(v_queues, v_closed, p_skip_tasks,
-                                                               v_passed_keys, v_passed_ids);
-        SELECT * INTO v_free FROM django_jobs_free_candidate(v_queues, v_closed, p_skip_tasks);
-        IF v_keyed.id IS NOT NULL AND (
-            v_free.id IS NULL OR v_keyed.priority > v_free.priority
-            OR (v_keyed.priority = v_free.priority
-                AND (v_keyed.run_after, v_keyed.id) < (v_free.run_after, v_free.id))
-        ) THEN
-            IF NOT pg_try_advisory_xact_lock(
-                hashtextextended('django_jobs.key:' || v_keyed.concurrency_key, 0)
-            ) THEN
-                v_passed_keys := v_passed_keys || v_keyed.concurrency_key::text;
-                CONTINUE;
-            END IF;
-            SELECT count(*) INTO v_running FROM django_jobs_job r
-            WHERE r.state = 'running' AND r.concurrency_key = v_keyed.concurrency_key;
-            IF v_running >= v_keyed.concurrency_limit THEN
-                v_passed_keys := v_passed_keys || v_keyed.concurrency_key::text;
-                CONTINUE;
-            END IF;
-            RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE id = v_keyed.id AND state = 'pending' AND run_after <= now()
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-            IF FOUND THEN
-                RETURN;
-            END IF;
-            v_passed_ids := v_passed_ids || v_keyed.id;
-        ELSIF v_free.id IS NOT NULL THEN
-            RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = v_free.queue
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-            IF FOUND THEN
-                RETURN;
-            END IF;
-            v_closed := v_closed || v_free.queue::text;
-        ELSE
-            RETURN;
-        END IF;
-    END LOOP;
-END
-$body$
-"""
-
+DROP_CLAIM = "DROP FUNCTION IF EXISTS django_jobs_claim(text, text[], text[])"
 DROP_CANDIDATES = [
     "DROP FUNCTION IF EXISTS django_jobs_keyed_candidate(text[], text[], text[], text[], bigint[])",
     "DROP FUNCTION IF EXISTS django_jobs_free_candidate(text[], text[], text[])",
@@ -516,8 +231,12 @@ class Migration(migrations.Migration):
             condition=Q(state="running", concurrency_key__isnull=False),
         ),
         migrations.RunSQL(
-            [CREATE_KEYED_CANDIDATE, CREATE_FREE_CANDIDATE, CREATE_CLAIM],
-            [_PREVIOUS.DROP_CLAIM, _PREVIOUS.CREATE_CLAIM, *DROP_CANDIDATES],
+            [
+                function_sql("django_jobs_keyed_candidate", 1),
+                function_sql("django_jobs_free_candidate", 1),
+                function_sql("django_jobs_claim", 5),
+            ],
+            [DROP_CLAIM, function_sql("django_jobs_claim", 4), *DROP_CANDIDATES],
         ),
         migrations.RunSQL(SUMMARY, RESTORE_SUMMARY),
         migrations.RunSQL(STUCK, RESTORE_STUCK),

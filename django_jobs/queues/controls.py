@@ -15,7 +15,7 @@ mode) while it counts the queue's running jobs and claims; a claim of a job with
 key's lock the same way. The counts are of ``running`` rows, so a finish, a reap, a retry or a
 crash frees a slot by ending the row's run, and nothing can leak a slot. Jobs over a limit wait
 as ``pending`` without being claimed, and the claim never walks them: see ``django_jobs_claim``
-in django_jobs/store/sql/functions.sql.
+in django_jobs/store/sql/functions/ (its newest version).
 """
 
 from __future__ import annotations

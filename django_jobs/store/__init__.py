@@ -11,7 +11,7 @@ means "lease lost": callers log it.
 
 Functions take a DB-API cursor (a Django cursor or a psycopg one), so the worker can use its own
 connection and the admin or the reaper can use Django's. The statements are in
-django_jobs/store/sql/ (claim.sql, ending.sql, workers.sql, control.sql, functions.sql); the
+django_jobs/store/sql/ (claim.sql, ending.sql, workers.sql, control.sql, functions/); the
 modules:
 
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
@@ -26,6 +26,7 @@ from django_jobs.store.claiming import (
     ClaimedJob,
     Lease,
     claim,
+    claim_branch,
     claim_sql,
 )
 from django_jobs.store.control import (
@@ -89,6 +90,7 @@ __all__ = [
     "cancel_without_cascade",
     "changes_of",
     "claim",
+    "claim_branch",
     "claim_sql",
     "delete_worker_if_idle",
     "finish",

@@ -1,13 +1,15 @@
 """The claim: a worker takes the next ready job, and gets back the job and its lease.
 
-The statement is ``claim_any_queue``, ``claim_one_queue`` or ``claim_some_queues`` of
-django_jobs/store/sql/claim.sql, which the worker runs inside the ``django_jobs_claim()`` function
-(django_jobs/store/sql/functions.sql) through ``call_claim``.
+The worker runs the ``django_jobs_claim()`` function (django_jobs/store/sql/functions/, its
+newest version) through ``call_claim`` of django_jobs/store/sql/claim.sql. :func:`claim_branch`
+reads the function's branches out of that one file, as statements of their own, for reading
+their plans.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,18 +72,55 @@ def claimed_job(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
     )
 
 
+#: The PL/pgSQL function the worker claims with (django_jobs/store/sql/functions/).
+CLAIM_FUNCTION = "django_jobs_claim"
+
+#: What tells each branch of the claim function from the others: the condition it adds.
+_BRANCH_MARKS = {
+    "claim_one_queue": "queue = v_queues[1]",
+    "claim_some_queues": "queue = ANY(v_queues)",
+    "claim_keyed_job": "id = v_keyed.id",
+}
+
+#: The function's arguments and variables that the branches read, and the parameter each
+#: becomes in a statement of its own; longer names first, so that none is cut in two.
+_PARAMETERS = (
+    ("p_worker_id", "%(worker_id)s"),
+    ("p_skip_tasks", "%(skip_tasks)s"),
+    ("v_queues[1]", "%(queue)s"),
+    ("v_queues", "%(queues)s"),
+    ("v_keyed.id", "%(job_id)s"),
+)
+
+
+def claim_branch(name: str) -> str:
+    """The branch ``name`` of the claim function, as the statement it runs, with the function's
+    variables made parameters (``%(worker_id)s``, ``%(skip_tasks)s``, and ``%(queue)s``,
+    ``%(queues)s`` or ``%(job_id)s``): ``claim_any_queue``, ``claim_one_queue``,
+    ``claim_some_queues`` or ``claim_keyed_job`` (the claim of a keyed candidate, once its key's
+    slot is secured). For reading its plan: the worker runs the function."""
+    branches = re.findall(r"RETURN QUERY\n(.*?)\n;", query(CLAIM_FUNCTION), re.S)
+    if name == "claim_any_queue":
+        # The one branch that reads none of the function's own variables.
+        found = [branch for branch in branches if not re.search(r"\bv_", branch)]
+    elif name in _BRANCH_MARKS:
+        found = [branch for branch in branches if _BRANCH_MARKS[name] in branch]
+    else:
+        raise KeyError(f"the claim function has no branch {name!r}")
+    (branch,) = found
+    for variable, parameter in _PARAMETERS:
+        branch = branch.replace(variable, parameter)
+    return branch
+
+
 def claim_sql(queues: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     """The claim statement for a worker serving ``queues`` (``None``: every queue), as the claim
     function runs it, with its parameters but ``worker_id``: for reading its plan."""
     if not queues:
-        return query("claim_any_queue"), {"skip_tasks": None}
+        return claim_branch("claim_any_queue"), {"skip_tasks": None}
     if len(queues) == 1:
-        return query("claim_one_queue"), {"queue": queues[0], "skip_tasks": None}
-    return query("claim_some_queues"), {"queues": list(queues), "skip_tasks": None}
-
-
-#: The PL/pgSQL function the worker claims with (django_jobs/store/sql/functions.sql).
-CLAIM_FUNCTION = "django_jobs_claim"
+        return claim_branch("claim_one_queue"), {"queue": queues[0], "skip_tasks": None}
+    return claim_branch("claim_some_queues"), {"queues": list(queues), "skip_tasks": None}
 
 
 def claim(

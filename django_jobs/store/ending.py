@@ -1,7 +1,7 @@
 """How a claim ends: finished by its worker, reaped, released, or handed back.
 
 The statements are in django_jobs/store/sql/ending.sql; the worker's finish runs inside the
-``django_jobs_finish()`` function (django_jobs/store/sql/functions.sql) through ``call_finish``.
+``django_jobs_finish()`` function (django_jobs/store/sql/functions/) through ``call_finish``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django_jobs.store.claiming import (
 )
 from django_jobs.store.sql import query
 
-#: The PL/pgSQL function the worker finishes with (django_jobs/store/sql/functions.sql).
+#: The PL/pgSQL function the worker finishes with (django_jobs/store/sql/functions/).
 FINISH_FUNCTION = "django_jobs_finish"
 
 

@@ -111,7 +111,7 @@ def claim() -> Moves:
 
 
 def claim_statement(queues: list[str] | None) -> Callable[[], Moves]:
-    """Run the claim's branch for ``queues`` as a statement (store.claim_sql)."""
+    """Run the claim function's branch for ``queues`` as a statement (store.claim_sql)."""
 
     def exercise() -> Moves:
         jobs_in_every_state()
@@ -127,12 +127,15 @@ def claim_statement(queues: list[str] | None) -> Callable[[], Moves]:
 
 
 def claim_keyed_job() -> Moves:
-    """Run claim_keyed_job on every job, each given a concurrency key first."""
+    """Run the claim function's claim of a keyed candidate on every job, each given a
+    concurrency key first."""
     everyone = jobs_in_every_state()
     Job.objects.update(concurrency_key="k", concurrency_limit=1)
     with watching() as moves, connection.cursor() as cursor:
         for job in everyone:
-            cursor.execute(query("claim_keyed_job"), {"worker_id": WORKER, "job_id": job.pk})
+            cursor.execute(
+                store.claim_branch("claim_keyed_job"), {"worker_id": WORKER, "job_id": job.pk}
+            )
     return moves
 
 
@@ -290,10 +293,6 @@ EXERCISES: dict[str, Callable[[], Moves]] = {
     "insert_job": enqueue_one,
     "django_jobs.enqueue._COPY": enqueue_many,
     "django_jobs_claim": claim,
-    "claim_any_queue": claim_statement(None),
-    "claim_one_queue": claim_statement(["default"]),
-    "claim_some_queues": claim_statement(["default", "other"]),
-    "claim_keyed_job": claim_keyed_job,
     "django_jobs_finish": finish,
     "reap": reap,
     "release": release,
@@ -309,6 +308,16 @@ EXERCISES: dict[str, Callable[[], Moves]] = {
 }
 
 
+#: The claim function's branches, each run alone as a statement from every state: each must
+#: make exactly the claim's moves.
+CLAIM_BRANCHES: dict[str, Callable[[], Moves]] = {
+    "claim_any_queue": claim_statement(None),
+    "claim_one_queue": claim_statement(["default"]),
+    "claim_some_queues": claim_statement(["default", "other"]),
+    "claim_keyed_job": claim_keyed_job,
+}
+
+
 @pytest.mark.django_db(False)
 def test_every_declared_statement_has_an_exercise() -> None:
     assert set(EXERCISES) == set(declared_statements_by_name())
@@ -318,5 +327,13 @@ def test_every_declared_statement_has_an_exercise() -> None:
 def test_a_statement_makes_exactly_the_moves_its_transition_declares(name: str) -> None:
     _, transition = declared_statements_by_name()[name]
     moves = EXERCISES[name]()
+    assert moves - transition.moves == set(), f"undeclared moves of {transition.name!r}"
+    assert transition.moves - moves == set(), f"declared moves of {transition.name!r} not made"
+
+
+@pytest.mark.parametrize("name", list(CLAIM_BRANCHES))
+def test_a_branch_of_the_claim_makes_exactly_the_claims_moves(name: str) -> None:
+    _, transition = declared_statements_by_name()[store.CLAIM_FUNCTION]
+    moves = CLAIM_BRANCHES[name]()
     assert moves - transition.moves == set(), f"undeclared moves of {transition.name!r}"
     assert transition.moves - moves == set(), f"declared moves of {transition.name!r} not made"

@@ -22,6 +22,7 @@ from django_jobs import migrations, store
 from django_jobs.models import Attempt, Job
 from django_jobs.states import Outcome
 from django_jobs.store import sql
+from django_jobs.store.sql import functions
 from tests.conftest import connect
 from tests.factories import JobFactory
 
@@ -315,7 +316,8 @@ def _literal(conn, value) -> str:
 
 
 def _function_body(name: str) -> str:
-    """The body of the function ``name`` of functions.sql: its text between the ``$body$``."""
+    """The body of the function ``name`` as its newest file makes it: its text between the
+    ``$body$``."""
     return sql.query(name).split("$body$")[1]
 
 
@@ -331,9 +333,9 @@ FUNCTIONS = (
 )
 
 
-def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() -> None:
-    # A change to functions.sql needs a migration that replaces the functions, or the worker
-    # would run the old ones.
+def test_the_worker_functions_in_the_database_are_the_newest_function_files() -> None:
+    # A new version of a function needs a migration that makes it, or the worker would run the
+    # old one.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", [list(FUNCTIONS)]
@@ -342,20 +344,42 @@ def test_the_worker_functions_in_the_database_are_the_ones_of_functions_sql() ->
     assert bodies == {name: _function_body(name).strip() for name in FUNCTIONS}
 
 
+def _definitions(cursor) -> dict[str, str]:
+    cursor.execute(
+        "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p"
+        " WHERE p.proname LIKE 'django_jobs%%' AND pg_function_is_visible(p.oid)"
+    )
+    return dict(cursor.fetchall())
+
+
+def test_making_the_newest_function_files_again_changes_nothing_in_the_database() -> None:
+    # Each function is exactly what its newest file makes: its arguments, result, attributes
+    # and body. (Made again inside the test's transaction, which is rolled back.)
+    with connection.cursor() as cursor:
+        migrated = _definitions(cursor)
+        for newest in functions.newest():
+            cursor.execute(
+                newest.statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+            )
+        assert _definitions(cursor) == migrated
+    assert {name.split("(")[0] for name in migrated} == {found.name for found in functions.newest()}
+
+
 @pytest.mark.django_db(False)
-def test_the_latest_migration_that_makes_each_function_makes_it_as_functions_sql_says() -> None:
-    made = {}
+def test_migrations_make_functions_from_their_files_only() -> None:
+    # Every statement of a migration that makes a function is a version's file, loaded by name.
+    statements = {found.statement for found in functions.FUNCTIONS.values()}
+    made = set()
     for path in sorted(Path(migrations.__file__).parent.glob("0*.py")):
         module = importlib.import_module(f"django_jobs.migrations.{path.stem}")
         for operation in module.Migration.operations:
-            statements = getattr(operation, "sql", [])
-            for statement in [statements] if isinstance(statements, str) else statements:
-                for name in FUNCTIONS:
-                    if f"CREATE FUNCTION {name}(" in _words(statement):
-                        made[name] = (path.stem, statement)
-    for name in FUNCTIONS:
-        migration, statement = made[name]
-        assert _words(statement) == _words(sql.query(name).removesuffix(";")), migration
+            for attribute in ("sql", "reverse_sql"):
+                found = getattr(operation, attribute, None) or []
+                for statement in [found] if isinstance(found, str) else found:
+                    if "FUNCTION" in statement and "DROP FUNCTION" not in statement:
+                        assert statement in statements, (path.stem, statement[:80])
+                        made.add(statement)
+    assert made == statements
 
 
 def _as_statement(branch: str, arguments: dict[str, str]) -> str:
@@ -369,27 +393,25 @@ def _as_statement(branch: str, arguments: dict[str, str]) -> str:
 def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
     branches = re.findall(r"RETURN QUERY(.*?);", _function_body(store.CLAIM_FUNCTION), re.S)
     arguments = {"p_worker_id": "%(worker_id)s", "p_skip_tasks": "%(skip_tasks)s"}
-    one_queue = _words(sql.query("claim_one_queue"))
+    one_queue = _words(store.claim_branch("claim_one_queue"))
     assert [_as_statement(branch, arguments) for branch in branches] == [
-        _words(sql.query("claim_any_queue")),
+        _words(store.claim_branch("claim_any_queue")),
         one_queue.replace("%(queue)s", "v_queues[1]"),
-        _words(sql.query("claim_some_queues")).replace("%(queues)s", "v_queues"),
-        _words(sql.query("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
+        _words(store.claim_branch("claim_some_queues")).replace("%(queues)s", "v_queues"),
+        _words(store.claim_branch("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
         one_queue.replace("%(queue)s", "v_free.queue"),
     ]
 
 
 @pytest.mark.django_db(False)
-def test_the_reap_is_the_finish_function_with_a_re_check_and_skip_locked() -> None:
-    (finish,) = re.findall(r"RETURN QUERY(.*?);", _function_body(store.FINISH_FUNCTION), re.S)
-    names = re.findall(r"\bp_(\w+)", finish)
+def test_the_reap_is_the_finish_function_after_a_re_check_and_skip_locked() -> None:
     reap = _words(sql.query("reap"))
     recheck = re.search(r"AND \( %\(silence\)s.*?timeout_grace\)s\)\) \) ", reap)
     assert recheck is not None
-    without = reap.replace(recheck.group(0), "").replace(
-        "FOR NO KEY UPDATE SKIP LOCKED", "FOR NO KEY UPDATE"
-    )
-    assert without == _as_statement(finish, {f"p_{name}": f"%({name})s" for name in names})
+    assert "FOR NO KEY UPDATE SKIP LOCKED" in reap
+    # The next state is decided by the finish alone: the reap writes no row itself.
+    assert f"CROSS JOIN LATERAL {store.FINISH_FUNCTION}( t.id," in reap
+    assert "UPDATE" not in reap.replace("FOR NO KEY UPDATE", "") and " CASE " not in reap
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as on a worker's connection

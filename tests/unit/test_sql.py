@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from django_jobs.store import sql
+from django_jobs.store.sql import functions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +43,14 @@ def test_a_transition_that_does_not_exist_is_refused() -> None:
 
 def test_the_sql_files_are_package_data() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "store/sql/*.sql" in project["tool"]["setuptools"]["package-data"]["django_jobs"]
+    data = project["tool"]["setuptools"]["package-data"]["django_jobs"]
+    assert {"store/sql/*.sql", "store/sql/functions/*.sql"} <= set(data)
+    folder = ROOT / "django_jobs" / "store" / "sql"
     assert {found.file for found in sql.QUERIES.values()} == {
-        path.name for path in (ROOT / "django_jobs" / "store" / "sql").glob("*.sql")
+        path.name for path in folder.glob("*.sql")
+    } | {f"functions/{newest.file}" for newest in functions.newest()}
+    assert {found.file for found in functions.FUNCTIONS.values()} == {
+        path.name for path in (folder / "functions").glob("*.sql")
     }
 
 
@@ -78,3 +84,91 @@ def test_the_admins_delete_deletes_as_a_prune_batch_does() -> None:
         _between(sql.query(name), start, end) for name in ("prune_batch", "delete_finished_jobs")
     ]
     assert deletes[0] == deletes[1]
+
+
+# ---------------------------------------------------------------------- each function kept once
+
+PACKAGE = ROOT / "django_jobs"
+FUNCTIONS_FOLDER = PACKAGE / "store" / "sql" / "functions"
+_MAKES_A_FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\s*\(", re.I)
+#: The claim's write: the text of every branch of the claim function.
+_CLAIM_WRITE = "SET state = 'running', attempt = attempt + 1"
+#: The finish's decision of the next state (the retry arm of its CASE).
+_NEXT_STATE = re.compile(r"WHEN \S+ AND attempt < max_attempts THEN 'pending'")
+
+
+def _current_files() -> dict[str, str]:
+    """The package's SQL and Python files as the database and the code use them, by path: every
+    file but the migrations and the older versions of each function, which are history (a
+    migration going backwards makes them again)."""
+    newest = {FUNCTIONS_FOLDER / found.file for found in functions.newest()}
+    found = {}
+    for path in sorted([*PACKAGE.rglob("*.sql"), *PACKAGE.rglob("*.py")]):
+        if "migrations" in path.relative_to(PACKAGE).parts:
+            continue
+        if path.parent == FUNCTIONS_FOLDER and path.suffix == ".sql" and path not in newest:
+            continue
+        found[str(path.relative_to(ROOT))] = _words(path.read_text())
+    return found
+
+
+def test_each_function_file_makes_the_function_and_version_it_is_named_for() -> None:
+    versions: dict[str, list[int]] = {}
+    for found in functions.FUNCTIONS.values():
+        made = _MAKES_A_FUNCTION.findall(found.statement)
+        assert made == [found.name], found.file
+        versions.setdefault(found.name, []).append(found.version)
+    assert all(numbers == list(range(1, len(numbers) + 1)) for numbers in versions.values())
+    assert {found.name for found in functions.newest()} == {
+        "django_jobs_claim",
+        "django_jobs_finish",
+        "django_jobs_keyed_candidate",
+        "django_jobs_free_candidate",
+        "django_jobs_setting",
+    }
+
+
+def test_migrations_hold_no_function_text_of_their_own() -> None:
+    # They load each version's file by name (functions.replace_function, function_sql).
+    for path in sorted((PACKAGE / "migrations").glob("0*.py")):
+        text = path.read_text()
+        assert not _MAKES_A_FUNCTION.search(text), path.name
+        assert "$body$" not in text and "$$" not in text, path.name
+
+
+def test_the_package_holds_each_functions_current_text_once() -> None:
+    current = _current_files()
+    for newest in functions.newest():
+        quoted = re.search(r"\$(\w*)\$(.*)\$\1\$", newest.statement, re.S)
+        assert quoted is not None, newest.file
+        body = _words(quoted.group(2))
+        own = str((FUNCTIONS_FOLDER / newest.file).relative_to(ROOT))
+        holders = [path for path, text in current.items() if body in text]
+        assert holders == [own], f"{newest.name}'s body is also in {holders}"
+
+
+def test_the_claims_text_is_in_the_claim_function_alone_and_once_a_branch() -> None:
+    # The rule: among the named statements, the Python files and the newest version of each
+    # function, the claim's write (and so its SELECT ... FOR NO KEY UPDATE SKIP LOCKED) is in the
+    # claim function only, whose branches (one per index it claims through) each appear once.
+    # Tests and bench read the branches out of that file (store.claim_branch).
+    current = _current_files()
+    holders = [path for path, text in current.items() if _CLAIM_WRITE in text]
+    (claim,) = [found for found in functions.newest() if found.name == "django_jobs_claim"]
+    assert holders == [str((FUNCTIONS_FOLDER / claim.file).relative_to(ROOT))]
+    branches = [
+        _words(branch) for branch in re.findall(r"RETURN QUERY(.*?);", claim.statement, re.S)
+    ]
+    assert all(_CLAIM_WRITE in branch for branch in branches)
+    assert len(set(branches)) == len(branches) == 5
+
+
+def test_the_next_state_of_an_ended_attempt_is_decided_in_one_place() -> None:
+    # The finish function's CASE: the reaper's reap calls the finish rather than repeating it.
+    holders = {
+        path: len(_NEXT_STATE.findall(text))
+        for path, text in _current_files().items()
+        if _NEXT_STATE.search(text)
+    }
+    (finish,) = [found for found in functions.newest() if found.name == "django_jobs_finish"]
+    assert holders == {str((FUNCTIONS_FOLDER / finish.file).relative_to(ROOT)): 1}

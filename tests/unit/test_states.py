@@ -38,7 +38,8 @@ from django_jobs.states import (
     Transition,
     can_transition,
 )
-from django_jobs.store import sql
+from django_jobs.store import claim_branch, sql
+from django_jobs.store.sql import functions
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
@@ -250,6 +251,18 @@ def test_every_statement_that_writes_state_is_declared_with_its_transition() -> 
     )
 
 
+def test_the_newest_version_of_each_database_function_is_read_as_a_statement() -> None:
+    # The functions' writes are checked where they live: in django_jobs/store/sql/functions/.
+    for newest in functions.newest():
+        found = sql.QUERIES[newest.name]
+        assert found.file == f"functions/{newest.file}"
+        assert " ".join(found.text.split()) == " ".join(newest.statement.split())
+    assert {name for name in sql_writers() if name.startswith("django_jobs_")} == {
+        "django_jobs_claim",
+        "django_jobs_finish",
+    }
+
+
 def test_every_transition_is_made_by_a_declared_statement() -> None:
     made = {transition for _, transition in declared_statements_by_name().values()}
     assert made == set(TRANSITIONS)
@@ -262,10 +275,18 @@ _WRITTEN = re.compile(
 )
 
 
-def written_states(sql: str) -> set[str]:
+# A call of a database function (not the line that makes one).
+_CALL = re.compile(r"(?<!FUNCTION )\b(django_jobs_\w+)\s*\(")
+
+
+def written_states(sql_text: str) -> set[str]:
     """The state literals a statement may write: assigned to ``state``, or the result of a
-    ``CASE`` (which, in these statements, is what a ``SET state =`` takes)."""
-    return set(_WRITTEN.findall(sql))
+    ``CASE`` (which, in these statements, is what a ``SET state =`` takes); and those of the
+    package's database functions it calls (the reap ends an attempt by calling the finish)."""
+    written = set(_WRITTEN.findall(sql_text))
+    for called in set(_CALL.findall(sql_text)) & {found.name for found in functions.newest()}:
+        written |= written_states(sql.query(called))
+    return written
 
 
 def test_each_declared_statement_guards_on_its_sources_and_writes_only_its_targets() -> None:
@@ -335,13 +356,9 @@ def test_the_statements_found_are_the_ones_expected() -> None:
     assert found == {
         "insert_job": "enqueue",
         "django_jobs.enqueue._COPY": "enqueue",
-        # The worker's functions (functions.sql), and the claim's branches as statements.
+        # The worker's functions (the newest of functions/*.sql).
         "django_jobs_claim": "claim",
         "django_jobs_finish": "end attempt",
-        "claim_any_queue": "claim",
-        "claim_one_queue": "claim",
-        "claim_some_queues": "claim",
-        "claim_keyed_job": "claim",
         "reap": "end attempt",
         "release": "release",
         "hand_back": "release",
@@ -392,7 +409,7 @@ def orm(job):
 
 
 def test_the_states_a_statement_writes_are_read_from_its_assignments_and_cases() -> None:
-    assert written_states(sql.query("claim_any_queue")) == {RUNNING}
+    assert written_states(claim_branch("claim_any_queue")) == {RUNNING}
     assert written_states(sql.query("reap")) == {DONE, WAITING, CANCELLED, PENDING, ERROR}
     assert written_states(sql.query("django_jobs_finish")) == written_states(sql.query("reap"))
     assert written_states(sql.query("cancel_many")) == {RUNNING, CANCELLED}

@@ -19,8 +19,9 @@ such statement is declared with :meth:`~django_jobs.states.Transition.statement`
 tests/unit/test_states.py checks that every statement that writes ``state`` says so, that its
 guards are the ones its transition renders, and that it writes only the transition's states.
 
-``functions.sql`` holds the PL/pgSQL functions on the worker's hot path, as the latest
-migration made them; the worker calls them (``call_claim``, ``call_finish``).
+The PL/pgSQL functions are in ``functions/``, one file per version (see its ``__init__``). The
+newest version of each is a named statement too, named for the function (``django_jobs_claim``),
+so that its transition is declared and checked like any other statement's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import re
 from importlib import resources
 
 from django_jobs.states import TRANSITIONS, Transition
+from django_jobs.store.sql import functions
 
 _NAME = re.compile(r"^-- name: (\S+)[ \t]*$", re.MULTILINE)
 _TRANSITION = "-- transition:"
@@ -76,13 +78,25 @@ def parse(source: str, file: str) -> list[Query]:
     return found
 
 
+def _sources() -> list[tuple[str, str]]:
+    """Each file's name and text: the ``.sql`` files of this folder, then the newest version of
+    each function, as a file of one statement named for the function."""
+    folder = resources.files(__name__)
+    files = [
+        (entry.name, entry.read_text(encoding="utf-8"))
+        for entry in sorted(folder.iterdir(), key=lambda entry: entry.name)
+        if entry.name.endswith(".sql")
+    ]
+    return files + [
+        (f"functions/{newest.file}", f"-- name: {newest.name}\n{newest.source}")
+        for newest in functions.newest()
+    ]
+
+
 def _load() -> dict[str, Query]:
     queries: dict[str, Query] = {}
-    folder = resources.files(__name__)
-    for entry in sorted(folder.iterdir(), key=lambda entry: entry.name):
-        if not entry.name.endswith(".sql"):
-            continue
-        for found in parse(entry.read_text(encoding="utf-8"), entry.name):
+    for file, source in _sources():
+        for found in parse(source, file):
             if found.name in queries:
                 raise ValueError(
                     f"{found.name} is named twice: {queries[found.name].file}, {found.file}"

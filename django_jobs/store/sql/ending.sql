@@ -3,8 +3,8 @@
 -- means the lease was lost.
 
 -- name: call_finish
--- The worker's finish, inside django_jobs_finish() (functions.sql): the reap below without
--- its re-check and without SKIP LOCKED.
+-- The worker's finish: django_jobs_finish() (functions/django_jobs_finish_v<N>.sql, the newest),
+-- which decides the job's next state and closes the attempt.
 SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
                                  %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
                                  %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
@@ -12,45 +12,23 @@ SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(wor
 
 -- name: reap
 -- transition: end attempt
--- Ending an attempt: the worker's finish (django_jobs_finish) and the reaper's reap are one
--- statement. It is fenced on the lease (and locks FOR NO KEY UPDATE, as the claim does, so that
--- a transaction enqueueing a dependent or a child of the job never holds it back), decides the
--- job's next state in one place, and closes the attempt row:
--- - success: done, or waiting if the job spawned children that are not finished yet (the
---   parent is finalized when its last child ends, see workflows.sql), or cancelled if its
---   cancellation was requested meanwhile (its unfinished children are then cancelled too);
--- - cancelled if cancellation was asked for;
--- - pending again, after the retry delay counted from the database's now(), while attempts
---   remain and the failure is retryable;
--- - error otherwise.
--- It also says whether the job has a parent, dependents, or unfinished children of this
--- attempt, which then need settling. A parent's outcome is decided by the children of its
--- final attempt only (parent_attempt); those of an attempt that failed are cancelled by the
--- settling.
--- The reap differs from the finish twice: SKIP LOCKED, so a reaper never waits on a row a
--- worker is finishing right now; and the reason is re-checked (the AND (...) on silence and
--- timeout), so a job that finished, was re-claimed, or whose worker has just sent a heartbeat
--- is left alone. silence NULL skips the heartbeat check, for a worker known to be gone.
--- Index: the job's primary key; job_parent_idx for active children; attempt_job_number_idx;
--- the worker table's primary key for the heartbeat re-check.
-WITH target AS (
-    SELECT id, attempt,
-           CASE
-               WHEN %(outcome)s = 'done' THEN
-                   CASE WHEN NOT EXISTS (
-                       SELECT 1 FROM django_jobs_job c
-                       WHERE c.parent_id = j.id AND c.state IN ('waiting', 'pending', 'running')
-                         AND (c.parent_attempt IS NULL OR c.parent_attempt = j.attempt)
-                   ) THEN 'done'
-                   WHEN cancel_requested THEN 'cancelled'
-                   ELSE 'waiting' END
-               WHEN cancel_requested OR %(outcome)s = 'cancelled' THEN 'cancelled'
-               WHEN %(retryable)s AND attempt < max_attempts THEN 'pending'
-               ELSE 'error'
-           END AS new_state
-    FROM django_jobs_job j
-    WHERE id = %(job_id)s AND state = 'running' AND attempt = %(attempt)s
-      AND worker_id = %(worker_id)s AND lease IS NOT DISTINCT FROM %(lease)s::uuid
+-- The reaper's end of an attempt: the worker's finish (django_jobs_finish, which decides the
+-- job's next state in one place), run on the job once this statement has locked it and
+-- re-checked why it is reaped. Two things differ from the worker's finish: SKIP LOCKED, so a
+-- reaper never waits on a row a worker is finishing right now; and the reason is re-checked
+-- (the AND (...) on silence and timeout), so a job that finished, was re-claimed, or whose
+-- worker has just sent a heartbeat is left alone. silence NULL skips the heartbeat check, for a
+-- worker known to be gone. The lock is FOR NO KEY UPDATE, as the claim's and the finish's, so
+-- that a transaction enqueueing a dependent or a child of the job never holds it back; the
+-- finish, fenced on the same lease, then finds the job locked by this statement and so
+-- unchanged. The CTE is materialized so that the lock and the re-check come first, and the
+-- finish runs only for the row they let through (LATERAL on its id).
+-- Index: the job's primary key; the worker table's primary key for the heartbeat re-check;
+-- those of django_jobs_finish.
+WITH target AS MATERIALIZED (
+    SELECT j.id FROM django_jobs_job j
+    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.attempt = %(attempt)s
+      AND j.worker_id = %(worker_id)s AND j.lease IS NOT DISTINCT FROM %(lease)s::uuid
       AND (
         %(silence)s::float8 IS NULL
         OR NOT EXISTS (
@@ -62,33 +40,13 @@ WITH target AS (
             AND j.started_at < now() - make_interval(secs => j.timeout + %(timeout_grace)s))
       )
     FOR NO KEY UPDATE SKIP LOCKED
-), job AS (
-    UPDATE django_jobs_job j
-    SET state = t.new_state,
-        finished_at = CASE WHEN t.new_state IN ('pending', 'waiting') THEN NULL ELSE now() END,
-        run_after = CASE WHEN t.new_state = 'pending'
-                         THEN now() + make_interval(secs => %(retry_delay)s)
-                         ELSE j.run_after END,
-        worker_id = CASE WHEN t.new_state = 'pending' THEN NULL ELSE j.worker_id END,
-        result = %(result)s::jsonb,
-        error = %(error)s,
-        task_missing_since = NULL
-    FROM target t
-    WHERE j.id = t.id
-    RETURNING j.id, j.state, j.parent_id, j.attempt
-), closed AS (
-    UPDATE django_jobs_attempt a
-    SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
-    FROM target t
-    WHERE a.job_id = t.id AND a.number = t.attempt AND a.worker_id = %(worker_id)s
-      AND a.lease IS NOT DISTINCT FROM %(lease)s::uuid AND a.outcome = 'running'
 )
-SELECT state, parent_id,
-       EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = job.id),
-       EXISTS (SELECT 1 FROM django_jobs_job c
-               WHERE c.parent_id = job.id AND c.state IN ('waiting', 'pending', 'running')
-                 AND (c.parent_attempt IS NULL OR c.parent_attempt = job.attempt))
-FROM job
+SELECT f.state, f.parent_id, f.has_dependents, f.has_children
+FROM target t CROSS JOIN LATERAL django_jobs_finish(
+    t.id, %(attempt)s::integer, %(worker_id)s::text, %(lease)s::uuid, %(outcome)s::text,
+    %(result)s::text, %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
+    %(retry_delay)s::float8
+) f
 
 -- name: release
 -- transition: release

@@ -1,5 +1,5 @@
 -- Queue controls (queues.py): the rows of django_jobs_queue that the claim function reads on
--- every claim (functions.sql). A queue without a row is open and has no limit.
+-- every claim (functions/django_jobs_claim_v*.sql). A queue without a row is open and has no limit.
 
 -- name: known_queues
 -- The queues something names: controls, live workers, unfinished jobs. Queues of pending jobs
