@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
@@ -46,6 +47,15 @@ class Beat:
     orphans: list[Lease]
 
 
+class _BeatRow(NamedTuple):
+    job_id: int
+    held: bool
+    cancel_requested: bool
+    orphan: bool
+    token: str
+    attempt: int
+
+
 def heartbeat(
     cursor: Cursor, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int] = ()
 ) -> Beat:
@@ -53,7 +63,7 @@ def heartbeat(
     under its id that are neither leased nor ``unwritten`` (ended by the worker, with the write
     saying so still to be made)."""
     job_ids = [lease.job_id for lease in leases]
-    rows = db.execute(
+    result = db.execute(
         cursor,
         query("heartbeat"),
         {
@@ -64,13 +74,15 @@ def heartbeat(
             "leases": [lease.token for lease in leases],
             "known_ids": [*job_ids, *unwritten],
         },
-    ).fetchall()
+    )
     statuses, orphans = {}, []
-    for job_id, held, cancel, orphan, token, attempt in rows:
-        if orphan:
-            orphans.append(Lease(job_id, attempt, worker.id, token))
+    for row in db.fetch_all_as(result, _BeatRow):
+        if row.orphan:
+            orphans.append(Lease(row.job_id, row.attempt, worker.id, row.token))
         else:
-            statuses[token] = LeaseStatus(job_id, bool(held), bool(cancel))
+            statuses[row.token] = LeaseStatus(
+                row.job_id, bool(row.held), bool(row.cancel_requested)
+            )
     return Beat(statuses, orphans)
 
 
@@ -93,30 +105,43 @@ class RunningJob:
     overdue: bool
 
 
+class _RunningRow(NamedTuple):
+    job_id: int
+    attempt: int
+    worker_id: str
+    token: str
+    task: str
+    max_attempts: int
+    timeout: int | None
+    queue: str
+    running_for: float | None
+    unregistered: bool
+    host: str | None
+    pid: int | None
+    silent_for: float | None
+    overdue: bool
+
+
 def running_jobs(cursor: Cursor, timeout_grace: float) -> list[RunningJob]:
     """Every running job, with what the reaper judges it by: its worker's silence, whether it
     overran its timeout plus ``timeout_grace``."""
-    params = {"timeout_grace": timeout_grace}
-    jobs = []
-    for row in db.execute(cursor, query("running_jobs"), params).fetchall():
-        job_id, attempt, worker_id, token, task, max_attempts, timeout, queue, *rest = row
-        running_for, unregistered, host, pid, silent_for, overdue = rest
-        jobs.append(
-            RunningJob(
-                lease=Lease(job_id, attempt, worker_id, token),
-                task=task,
-                max_attempts=max_attempts,
-                timeout=timeout,
-                queue=queue,
-                running_for=running_for,
-                unregistered=unregistered,
-                host=host,
-                pid=pid,
-                silent_for=silent_for,
-                overdue=overdue,
-            )
+    result = db.execute(cursor, query("running_jobs"), {"timeout_grace": timeout_grace})
+    return [
+        RunningJob(
+            lease=Lease(row.job_id, row.attempt, row.worker_id, row.token),
+            task=row.task,
+            max_attempts=row.max_attempts,
+            timeout=row.timeout,
+            queue=row.queue,
+            running_for=row.running_for,
+            unregistered=row.unregistered,
+            host=row.host,
+            pid=row.pid,
+            silent_for=row.silent_for,
+            overdue=row.overdue,
         )
-    return jobs
+        for row in db.fetch_all_as(result, _RunningRow)
+    ]
 
 
 def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> bool:

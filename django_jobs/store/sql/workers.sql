@@ -22,11 +22,11 @@ WITH beat AS (
     ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
     RETURNING id
 )
-SELECT j.id,
+SELECT j.id AS job_id,
        j.state = 'running' AND j.worker_id = %(id)s AND j.lease = l.lease AS held,
        j.cancel_requested,
        false AS orphan,
-       l.lease::text,
+       l.lease::text AS token,
        j.attempt
 FROM unnest(%(job_ids)s::bigint[], %(leases)s::uuid[]) AS l(id, lease)
 JOIN django_jobs_job j ON j.id = l.id
@@ -48,7 +48,8 @@ DELETE FROM django_jobs_worker WHERE id = %(id)s
 -- liveness check decide which of them are lost; this statement selects them all.
 -- Index: job_running_worker_idx (partial on running), so the cost follows the number of running
 -- jobs, not the table's size.
-SELECT j.id, j.attempt, j.worker_id, j.lease::text, j.task, j.max_attempts, j.timeout,
+SELECT j.id AS job_id, j.attempt, j.worker_id, j.lease::text AS token, j.task, j.max_attempts,
+       j.timeout,
        j.queue, EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for,
        w.id IS NULL AS unregistered, w.host, w.pid,
        EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_for,
