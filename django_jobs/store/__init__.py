@@ -16,7 +16,7 @@ modules:
 
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
 - ``ending``: finish, reap, release and hand back, the ends of a claim;
-- ``workers``: heartbeats, the reaper's view of running jobs, forgetting a worker;
+- ``workers``: heartbeats, the reaper's view of running jobs, workers' pods, forgetting a worker;
 - ``live``: a running attempt's progress and captured log;
 - ``control``: operators' actions over batches of ids (cancel, retry, run now).
 """
@@ -61,10 +61,13 @@ from django_jobs.store.workers import (
     LeaseStatus,
     RunningJob,
     WorkerInfo,
+    WorkerPod,
     delete_worker_if_idle,
     heartbeat,
+    record_worker_boot,
     running_jobs,
     unregister_worker,
+    worker_pods,
 )
 
 __all__ = [
@@ -85,6 +88,7 @@ __all__ = [
     "Recorded",
     "RunningJob",
     "WorkerInfo",
+    "WorkerPod",
     "attempt_outcome",
     "cancel_without_cascade",
     "changes_of",
@@ -97,6 +101,7 @@ __all__ = [
     "heartbeat",
     "reap",
     "record_live",
+    "record_worker_boot",
     "release",
     "retry",
     "retry_many",
@@ -106,4 +111,5 @@ __all__ = [
     "unique_key_holders",
     "unregister_worker",
     "until_free",
+    "worker_pods",
 ]

@@ -1,14 +1,15 @@
 """The worker registry: a worker's heartbeat (which reports on its leases and its orphans), what
 the reaper reads of running jobs, and forgetting a worker.
 
-The statements are in django_jobs/store/sql/workers.sql.
+The statements are in django_jobs/store/sql/workers.sql. The pods that workers recorded, which
+the Kubernetes liveness check reads, are here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
@@ -149,3 +150,24 @@ def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> boo
     ``delete_silent_worker`` in workers.sql). True if its row was deleted."""
     params = {"id": worker_id, "silence": silence}
     return db.execute(cursor, query("delete_silent_worker"), params).fetchone() is not None
+
+
+class WorkerPod(NamedTuple):
+    """The pod a worker recorded as its own, and the boot of it that was seen first."""
+
+    worker_id: str
+    pod: str
+    #: The pod's uid and the worker container's id when first seen, or "".
+    boot_id: str
+
+
+def worker_pods(cursor: Cursor, worker_ids: Iterable[str]) -> list[WorkerPod]:
+    """The pods of those of ``worker_ids`` that recorded one."""
+    result = db.execute(cursor, query("worker_pods"), {"ids": sorted(worker_ids)})
+    return db.fetch_all_as(result, WorkerPod)
+
+
+def record_worker_boot(cursor: Cursor, worker_id: str, boot_id: str) -> None:
+    """Remember ``boot_id`` as the first boot seen of the worker's pod (a later one is kept
+    out: a restart is told by comparing with the first)."""
+    db.execute(cursor, query("record_worker_boot"), {"id": worker_id, "boot_id": boot_id})

@@ -72,3 +72,16 @@ WHERE w.id = %(id)s
   AND w.last_seen_at < now() - make_interval(secs => %(silence)s::float8)
   AND NOT EXISTS (SELECT 1 FROM django_jobs_job j WHERE j.state = 'running' AND j.worker_id = w.id)
 RETURNING w.id
+
+-- name: worker_pods
+-- The Kubernetes pods that these workers recorded as their own, with the boot (pod uid and
+-- container id) the liveness check saw of each before ("" until it has seen one).
+-- Index: the worker table's primary key.
+SELECT id AS worker_id, pod, boot_id
+FROM django_jobs_worker
+WHERE id = ANY(%(ids)s::text[]) AND pod <> ''
+
+-- name: record_worker_boot
+-- What a worker's container looked like when the liveness check first saw it, so that a later
+-- pass notices a restart. Only the first boot is kept. Index: the worker table's primary key.
+UPDATE django_jobs_worker SET boot_id = %(boot_id)s WHERE id = %(id)s AND boot_id = ''
