@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from django_jobs.store import sql
+from django_jobs.store import db, sql
+from django_jobs.worker import wakeup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +79,9 @@ def test_the_admins_delete_deletes_as_a_prune_batch_does() -> None:
         _between(sql.query(name), start, end) for name in ("prune_batch", "delete_finished_jobs")
     ]
     assert deletes[0] == deletes[1]
+
+
+def test_the_listen_statements_name_the_channels_that_the_notifications_are_read_from() -> None:
+    assert sql.query("listen_for_jobs") == f"LISTEN {db.CHANNEL}"
+    assert sql.query("listen_for_handover") == f"LISTEN {wakeup.HANDOVER_CHANNEL}"
+    assert f"pg_notify('{wakeup.HANDOVER_CHANNEL}'" in sql.query("hand_over_listening")
