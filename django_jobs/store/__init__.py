@@ -17,8 +17,14 @@ modules:
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
 - ``ending``: finish, reap, release and hand back, the ends of a claim;
 - ``workers``: heartbeats, the reaper's view of running jobs, workers' pods, forgetting a worker;
-- ``live``: a running attempt's progress and captured log;
-- ``control``: operators' actions over batches of ids (cancel, retry, run now).
+- ``live_attempts``: a running attempt's progress and captured log;
+- ``control``: operators' actions over batches of ids (cancel, retry, run now);
+- ``job_reads``: what a running job, and the API serving its worker, read of one job;
+- ``api_tokens``: the API's token lookups, use stamps and revoking.
+
+No module outside this package holds SQL text (tests/unit/test_store_owns_sql.py). Rows are
+read by column name (``db.fetch_one_as``, ``db.fetch_all_as``) into a NamedTuple or a
+dataclass, whose fields must be the statement's columns.
 """
 
 from django_jobs.store.claiming import (
