@@ -1,5 +1,5 @@
-"""What the HTTP API reads and writes of its tokens: a request's grant by the token's hash, the
-stamp of a token's use, and revoking.
+"""What the HTTP API reads and writes of its tokens: a new token, a request's grant by the
+token's hash, the stamp of a token's use, and revoking.
 
 The statements are in django_jobs/store/sql/api_tokens.sql. They run with the bounded waits of
 every statement of the job system (see db.py), so that a migration or an operator holding a lock
@@ -9,12 +9,45 @@ every request until the lock is released.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
+from django_jobs.models.api_token import ApiToken
 from django_jobs.store import db
 from django_jobs.store.sql import query
+
+
+def insert_token(
+    cursor: Cursor,
+    alias: str,
+    *,
+    name: str,
+    token_hash: str,
+    prefix: str,
+    queues: Sequence[str],
+    can_enqueue: bool,
+    created_by: str,
+) -> ApiToken:
+    """Store a new token; return its row, as read from the database ``alias`` names."""
+    params = {
+        "name": name,
+        "token_hash": token_hash,
+        "prefix": prefix,
+        "queues": json.dumps(list(queues)),
+        "can_enqueue": can_enqueue,
+        "created_by": created_by,
+    }
+    result = db.execute(cursor, query("insert_token"), params)
+    # from_db takes the values in the order of the model's fields: checked, not assumed.
+    names = [column[0] for column in result.description]
+    fields = [field.attname for field in ApiToken._meta.concrete_fields]
+    if names != fields:
+        raise db.ColumnMismatch(
+            f"insert_token returns ({', '.join(names)}), not ApiToken's ({', '.join(fields)})"
+        )
+    return ApiToken.from_db(alias, names, result.fetchone())
 
 
 class TokenGrant(NamedTuple):

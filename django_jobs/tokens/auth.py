@@ -83,14 +83,18 @@ def create(
         )
     checked = check_queues(queues)
     secret = PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.using(conf.database_alias()).create(
-        name=name,
-        token_hash=digest(secret),
-        prefix=secret[: len(PREFIX) + 4],
-        queues=checked,
-        can_enqueue=can_enqueue,
-        created_by=created_by,
-    )
+    alias = conf.database_alias()
+    with connections[alias].cursor() as cursor:
+        row = api_tokens.insert_token(
+            cursor,
+            alias,
+            name=name,
+            token_hash=digest(secret),
+            prefix=secret[: len(PREFIX) + 4],
+            queues=checked,
+            can_enqueue=can_enqueue,
+            created_by=created_by,
+        )
     return row, secret
 
 

@@ -494,3 +494,14 @@ def test_a_locked_token_row_leaves_its_use_unstamped_and_the_request_served() ->
     auth.cache.forget()
     assert api.claim(queues=["remote"]).status_code == 204
     assert ApiToken.objects.get(token_hash=auth.digest(secret)).last_used_at is not None
+
+
+def test_a_new_tokens_row_is_the_stored_one() -> None:
+    row, secret = auth.create("stored", ["gpu"], can_enqueue=True, created_by="ops")
+    stored = ApiToken.objects.get(pk=row.pk)
+    assert (row.name, row.token_hash, row.prefix, row.queues, row.can_enqueue) == (
+        "stored", auth.digest(secret), secret[:8], ["gpu"], True
+    )  # fmt: skip
+    assert (row.created_at, row.created_by, row.revoked_at) == (stored.created_at, "ops", None)
+    row.save()  # an update of the stored row, not a second insert
+    assert ApiToken.objects.filter(name="stored").count() == 1
