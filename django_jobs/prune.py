@@ -68,18 +68,29 @@ class PruneResult:
         return line + f" ({self.batches} batch(es), {self.elapsed:.1f}s)"
 
 
+class _Ticks(NamedTuple):
+    #: Tick records deleted (or, in a dry run, that would be).
+    ticks: int
+
+
 def _prune_ticks(alias: str, cutoff: datetime, batch_size: int, dry_run: bool) -> int:
     """Delete the tick records created before ``cutoff``, ``batch_size`` per transaction."""
     params = {"cutoff": cutoff, "batch_size": batch_size}
     deleted = 0
+    statement = query("count_old_ticks" if dry_run else "prune_ticks")
     while True:
         with connections[alias].cursor() as cursor:
-            if dry_run:
-                return int(db.execute(cursor, query("count_old_ticks"), params).fetchone()[0])
-            count = int(db.execute(cursor, query("prune_ticks"), params).fetchone()[0])
-        deleted += count
-        if count < batch_size:
+            ticks = db.fetch_one_as(db.execute(cursor, statement, params), _Ticks)
+        assert ticks is not None  # a count has one row
+        if dry_run:
+            return ticks.ticks
+        deleted += ticks.ticks
+        if ticks.ticks < batch_size:
             return deleted
+
+
+class _Cutoff(NamedTuple):
+    cutoff: datetime
 
 
 class _Batch(NamedTuple):
@@ -126,7 +137,9 @@ def prune(
     alias = conf.database_alias()
     started = time.monotonic()
     with connections[alias].cursor() as cursor:
-        cutoff = db.execute(cursor, query("prune_cutoff"), {"age": age}).fetchone()[0]
+        clock = db.fetch_one_as(db.execute(cursor, query("prune_cutoff"), {"age": age}), _Cutoff)
+    assert clock is not None  # a SELECT without FROM has one row
+    cutoff = clock.cutoff
     result = PruneResult(cutoff=cutoff, states=chosen, dry_run=dry_run)
     params: dict[str, Any] = {
         "states": list(chosen),

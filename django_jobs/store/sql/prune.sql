@@ -16,7 +16,7 @@
 
 -- name: prune_cutoff
 -- One cutoff from the database's clock for the whole run.
-SELECT now() - %(age)s::interval
+SELECT now() - %(age)s::interval AS cutoff
 
 -- name: prune_batch
 -- Delete a batch: lock the candidates that are not kept (re-checking their state, since an
@@ -169,7 +169,7 @@ WITH batch AS (
 ), gone AS (
     DELETE FROM django_jobs_schedule_tick t USING batch WHERE t.id = batch.id RETURNING 1
 )
-SELECT count(*) FROM gone
+SELECT count(*) AS ticks FROM gone
 
 -- name: count_old_ticks
-SELECT count(*) FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s
+SELECT count(*) AS ticks FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s
