@@ -14,7 +14,7 @@ from django.db import connections, transaction
 from django_jobs import conf
 from django_jobs.exceptions import SpawnRefused
 from django_jobs.progress import BadProgress, Progress, checked
-from django_jobs.store import db
+from django_jobs.store import job_reads
 
 #: The job's own logger (its records are captured with the job's log, see worker/capture.py).
 logger = logging.getLogger("django_jobs.job")
@@ -65,17 +65,10 @@ class JobContext:
             status, answer = api.post(f"v1/jobs/{self.job_id}/heartbeat", {"lease": self.lease})
             return status != 200 or bool(answer.get("cancel_requested"))
         with connections[conf.database_alias()].cursor() as cursor:
-            cursor.execute(
-                "SELECT cancel_requested OR state = 'cancelled'"
-                " OR (%(lease)s::uuid IS NOT NULL"
-                "     AND (state <> 'running' OR lease IS DISTINCT FROM %(lease)s::uuid))"
-                " FROM django_jobs_job WHERE id = %(id)s",
-                {"id": self.job_id, "lease": self.lease},
-            )
-            row = cursor.fetchone()
-        if row is None:
+            stop = job_reads.stop_wanted(cursor, self.job_id, self.lease)
+        if stop is None:
             return self.lease is not None  # deleted under a running job
-        return bool(row[0])
+        return stop
 
     def spawn(self, task: Any, *args: Any, **kwargs: Any) -> Any:
         """Enqueue a child job of this job (``task`` is a ``@job`` function or its name).
@@ -148,26 +141,18 @@ class JobContext:
         )
 
     def _check_may_spawn(self, alias: str) -> None:
-        # FOR KEY SHARE, as the child's foreign key takes it: it waits for nobody that only
-        # updates the job (a finish, a cancel), and keeps the row from being deleted until the
-        # child is committed. A cancel that commits after this check is caught when this
-        # attempt ends: the settling cancels the children it spawned (workflows.py).
+        # A cancel that commits after this check is caught when this attempt ends: the settling
+        # cancels the children it spawned (workflows.py).
         with connections[alias].cursor() as cursor:
-            row = db.execute(
-                cursor,
-                "SELECT state, lease::text, cancel_requested FROM django_jobs_job"
-                " WHERE id = %s FOR KEY SHARE",
-                [self.job_id],
-            ).fetchone()
-        if row is None:
+            parent = job_reads.lock_spawning_parent(cursor, self.job_id)
+        if parent is None:
             raise SpawnRefused(f"job {self.job_id} no longer exists; it cannot spawn children")
-        state, lease, cancel_requested = row
-        if self.lease is not None and (state != "running" or lease != self.lease):
+        if self.lease is not None and (parent.state != "running" or parent.lease != self.lease):
             raise SpawnRefused(
-                f"job {self.job_id} attempt {self.attempt} lost its lease (the job is {state}"
-                " under another run); it cannot spawn children and should stop"
+                f"job {self.job_id} attempt {self.attempt} lost its lease (the job is"
+                f" {parent.state} under another run); it cannot spawn children and should stop"
             )
-        if cancel_requested or state == "cancelled":
+        if parent.cancel_requested or parent.state == "cancelled":
             raise SpawnRefused(
                 f"job {self.job_id} is being cancelled; it cannot spawn children and should stop"
             )

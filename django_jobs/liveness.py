@@ -32,9 +32,9 @@ from typing import Any, Protocol
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_jobs import conf
+from django_jobs import conf, store
 from django_jobs.cursor import Cursor
-from django_jobs.store import RunningJob, db
+from django_jobs.store import RunningJob
 
 logger = logging.getLogger("django_jobs.reaper")
 
@@ -80,18 +80,6 @@ API_ERRORS = (OSError, http.client.HTTPException, ValueError, KeyError, TypeErro
 
 #: The annotation by which kubectl picks a pod's main container.
 DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
-
-# The workers that recorded a pod, with what the check saw of it before. Index: the worker
-# table's primary key.
-_WORKER_PODS = """
-SELECT id, pod, boot_id FROM django_jobs_worker WHERE id = ANY(%s) AND pod <> ''
-"""
-
-# Remember what a worker's container looked like when first seen, to notice a restart later.
-# Index: the worker table's primary key.
-_RECORD_BOOT = """
-UPDATE django_jobs_worker SET boot_id = %s WHERE id = %s AND boot_id = ''
-"""
 
 
 class KubernetesLiveness(HeartbeatLiveness):
@@ -167,27 +155,26 @@ class KubernetesLiveness(HeartbeatLiveness):
                 exc,
             )
             return dead
-        rows = db.execute(cursor, _WORKER_PODS, [sorted(candidates)]).fetchall()
         misnamed = []
-        for worker_id, pod_name, seen_boot in rows:
-            pod = pods.get(pod_name)
+        for seen in store.worker_pods(cursor, candidates):
+            pod = pods.get(seen.pod)
             if pod is None:
-                dead[worker_id] = Verdict(f"pod {pod_name} no longer exists", self.silence)
+                dead[seen.worker_id] = Verdict(f"pod {seen.pod} no longer exists", self.silence)
                 continue
             phase = pod.get("status", {}).get("phase")
             if phase in ("Succeeded", "Failed"):
-                dead[worker_id] = Verdict(f"pod {pod_name} has ended ({phase})", self.silence)
+                dead[seen.worker_id] = Verdict(f"pod {seen.pod} has ended ({phase})", self.silence)
                 continue
             boot = self.boot_id(pod)
             if boot is None:
                 container = self.worker_container(pod)
                 containers = pod.get("spec", {}).get("containers") or []
                 if container not in {c.get("name") for c in containers}:
-                    misnamed.append(f"{pod_name} has no container {container!r}")
-            elif not seen_boot:
-                db.execute(cursor, _RECORD_BOOT, [boot, worker_id])
-            elif seen_boot != boot:
-                dead[worker_id] = Verdict(f"pod {pod_name} has restarted", self.silence)
+                    misnamed.append(f"{seen.pod} has no container {container!r}")
+            elif not seen.boot_id:
+                store.record_worker_boot(cursor, seen.worker_id, boot)
+            elif seen.boot_id != boot:
+                dead[seen.worker_id] = Verdict(f"pod {seen.pod} has restarted", self.silence)
         if misnamed:
             logger.warning(
                 "restarts of these pods' workers go unnoticed: %s (set the worker's container "

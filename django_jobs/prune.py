@@ -19,7 +19,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 
@@ -34,8 +34,7 @@ from django_jobs.store.sql import query
 def delete_jobs(cursor: Cursor, ids: list[int]) -> store.Changes:
     """Delete the finished jobs among ``ids`` as a prune would: the ids deleted, and those
     another transaction held."""
-    rows = db.execute(cursor, query("delete_finished_jobs"), {"ids": ids}).fetchall()
-    return store.changes_of(rows)
+    return store.changes_of(db.execute(cursor, query("delete_finished_jobs"), {"ids": ids}))
 
 
 @dataclasses.dataclass
@@ -69,18 +68,42 @@ class PruneResult:
         return line + f" ({self.batches} batch(es), {self.elapsed:.1f}s)"
 
 
+class _Ticks(NamedTuple):
+    #: Tick records deleted (or, in a dry run, that would be).
+    ticks: int
+
+
 def _prune_ticks(alias: str, cutoff: datetime, batch_size: int, dry_run: bool) -> int:
     """Delete the tick records created before ``cutoff``, ``batch_size`` per transaction."""
     params = {"cutoff": cutoff, "batch_size": batch_size}
     deleted = 0
+    statement = query("count_old_ticks" if dry_run else "prune_ticks")
     while True:
         with connections[alias].cursor() as cursor:
-            if dry_run:
-                return int(db.execute(cursor, query("count_old_ticks"), params).fetchone()[0])
-            count = int(db.execute(cursor, query("prune_ticks"), params).fetchone()[0])
-        deleted += count
-        if count < batch_size:
+            ticks = db.fetch_one_as(db.execute(cursor, statement, params), _Ticks)
+        assert ticks is not None  # a count has one row
+        if dry_run:
+            return ticks.ticks
+        deleted += ticks.ticks
+        if ticks.ticks < batch_size:
             return deleted
+
+
+class _Cutoff(NamedTuple):
+    cutoff: datetime
+
+
+class _Batch(NamedTuple):
+    """What one batch of prune_batch (or prune_batch_count) did."""
+
+    scanned: int
+    jobs: int
+    attempts: int
+    dependencies: int
+    orphans: int
+    #: Where the next batch resumes: the last scanned job's finish and id.
+    last_at: datetime | None
+    last_id: int | None
 
 
 def check_states(states: Iterable[str]) -> tuple[str, ...]:
@@ -114,7 +137,9 @@ def prune(
     alias = conf.database_alias()
     started = time.monotonic()
     with connections[alias].cursor() as cursor:
-        cutoff = db.execute(cursor, query("prune_cutoff"), {"age": age}).fetchone()[0]
+        clock = db.fetch_one_as(db.execute(cursor, query("prune_cutoff"), {"age": age}), _Cutoff)
+    assert clock is not None  # a SELECT without FROM has one row
+    cutoff = clock.cutoff
     result = PruneResult(cutoff=cutoff, states=chosen, dry_run=dry_run)
     params: dict[str, Any] = {
         "states": list(chosen),
@@ -128,22 +153,22 @@ def prune(
         # Each batch its own short transaction, with the bounded waits of db.py (and without
         # JIT: the planner cannot tell how deep job trees go, so it overrates this statement).
         with connections[alias].cursor() as cursor:
-            row = db.execute(cursor, statement, params).fetchone()
-        scanned, jobs, attempts, dependencies, orphans, last_at, last_id = row
-        if scanned == 0:
+            batch = db.fetch_one_as(db.execute(cursor, statement, params), _Batch)
+        assert batch is not None  # a statement of counts has one row
+        if batch.scanned == 0:
             break
         result.batches += 1
-        result.jobs += jobs
-        result.attempts += attempts
-        result.dependencies += dependencies
-        result.orphaned_children += orphans
-        result.kept += scanned - jobs
+        result.jobs += batch.jobs
+        result.attempts += batch.attempts
+        result.dependencies += batch.dependencies
+        result.orphaned_children += batch.orphans
+        result.kept += batch.scanned - batch.jobs
         result.elapsed = time.monotonic() - started
         if progress is not None:
             progress(result)
-        if scanned < batch_size:
+        if batch.scanned < batch_size:
             break
-        params.update(after_at=last_at, after_id=last_id)
+        params.update(after_at=batch.last_at, after_id=batch.last_id)
     result.ticks = _prune_ticks(alias, cutoff, batch_size, dry_run)
     result.elapsed = time.monotonic() - started
     return result

@@ -34,7 +34,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django_jobs import store
 from django_jobs.cursor import Cursor
@@ -53,6 +53,12 @@ SKIPPED_RETRIES = store.BUSY_RETRIES
 SKIPPED_PAUSE = store.BUSY_PAUSE
 
 
+class _Settled(NamedTuple):
+    id: int
+    #: pending, cancelled, or skipped (another transaction held it).
+    state: str
+
+
 def settle_new_dependents(cursor: Cursor, job_ids: Sequence[int]) -> dict[str, int]:
     """Promote or cancel just-enqueued waiting jobs whose dependencies ended meanwhile
     (``settle_new`` in workflows.sql); returns how many went each way."""
@@ -62,13 +68,14 @@ def settle_new_dependents(cursor: Cursor, job_ids: Sequence[int]) -> dict[str, i
         skipped: list[int] = []
         for start in range(0, len(todo), BATCH):
             batch = todo[start : start + BATCH]
-            for job_id, state in db.execute(cursor, query("settle_new"), {"ids": batch}).fetchall():
-                if state == "skipped":
-                    skipped.append(job_id)
+            result = db.execute(cursor, query("settle_new"), {"ids": batch})
+            for row in db.fetch_all_as(result, _Settled):
+                if row.state == "skipped":
+                    skipped.append(row.id)
                     continue
-                counts[state] += 1
-                if state == "cancelled":
-                    settle(cursor, job_id)  # its parent, if any
+                counts[row.state] += 1
+                if row.state == "cancelled":
+                    settle(cursor, row.id)  # its parent, if any
         if not skipped:
             return counts
         todo = skipped
@@ -83,21 +90,35 @@ def settle_new_dependents(cursor: Cursor, job_ids: Sequence[int]) -> dict[str, i
     return counts
 
 
-def _job(cursor: Cursor, job_id: int) -> tuple[str, int | None, int, str] | None:
-    return db.execute(cursor, query("job_to_settle"), {"job_id": job_id}).fetchone()
+class _JobToSettle(NamedTuple):
+    state: str
+    parent_id: int | None
+    attempt: int
+    task: str
+
+
+def _job(cursor: Cursor, job_id: int) -> _JobToSettle | None:
+    result = db.execute(cursor, query("job_to_settle"), {"job_id": job_id})
+    return db.fetch_one_as(result, _JobToSettle)
+
+
+class _Finalized(NamedTuple):
+    state: str
 
 
 def finalize_parent(cursor: Cursor, job_id: int) -> str | None:
     """Finalize ``job_id`` if it waits for children and none is active; return its new state."""
-    row = db.execute(cursor, query("finalize_parent"), {"job_id": job_id}).fetchone()
-    if row is not None:
-        logger.info(
-            "job %d finalized %s: its children have finished",
-            job_id,
-            row[0],
-            extra={"job_id": job_id, "state": row[0]},
-        )
-    return None if row is None else row[0]
+    result = db.execute(cursor, query("finalize_parent"), {"job_id": job_id})
+    row = db.fetch_one_as(result, _Finalized)
+    if row is None:
+        return None
+    logger.info(
+        "job %d finalized %s: its children have finished",
+        job_id,
+        row.state,
+        extra={"job_id": job_id, "state": row.state},
+    )
+    return row.state
 
 
 #: A job in one of these states, past its first attempt, has had an attempt that did not succeed
@@ -106,6 +127,29 @@ _ATTEMPT_DID_NOT_SUCCEED = frozenset({State.PENDING, *UNSUCCESSFUL_STATES})
 
 # A step of the settling: a tuple whose first item names what to do (see Settling._step).
 Step = tuple[Any, ...]
+
+
+class _Promoted(NamedTuple):
+    """A page of ``promote``: the last dependent it read (None: no more), how many it promoted,
+    how many another transaction held."""
+
+    last: int | None
+    promoted: int
+    skipped: int
+
+
+class _CancelledRow(NamedTuple):
+    """A row of a page of ``cancel_dependents`` or ``cancel_children``: the first is the page's
+    (``last``, ``skipped``), each other a job it cancelled (``changed_id``, ``parent_id``)."""
+
+    last: int | None
+    skipped: int | None
+    changed_id: int | None
+    parent_id: int | None
+
+
+def _cancelled_page(cursor: Cursor, name: str, params: dict[str, Any]) -> list[_CancelledRow]:
+    return db.fetch_all_as(db.execute(cursor, query(name), params), _CancelledRow)
 
 
 class Settling:
@@ -165,17 +209,18 @@ class Settling:
         elif kind == "promote":
             _, job_id, after, *tries = step
             params = {"job_id": job_id, "after": after, "batch": BATCH}
-            last, _count, skipped = db.execute(cursor, query("promote"), params).fetchone()
-            self._paged(step, last, skipped, tries)
+            promoted = db.fetch_one_as(db.execute(cursor, query("promote"), params), _Promoted)
+            assert promoted is not None  # a statement of counts has one row
+            self._paged(step, promoted.last, promoted.skipped, tries)
         elif kind == "cancel_dependents":
             _, job_id, reason, after, *tries = step
             params = {"job_id": job_id, "after": after, "batch": BATCH, "reason": reason}
-            rows = db.execute(cursor, query("cancel_dependents"), params).fetchall()
-            for _, _, changed_id, parent_id in rows[1:]:
-                self.todo.append(("cancel_dependents", changed_id, reason, 0))
-                if parent_id is not None:
-                    self.todo.append(("settle", parent_id))
-            self._paged(step, rows[0][0], rows[0][1], tries)
+            page, *changed = _cancelled_page(cursor, "cancel_dependents", params)
+            for row in changed:
+                self.todo.append(("cancel_dependents", row.changed_id, reason, 0))
+                if row.parent_id is not None:
+                    self.todo.append(("settle", row.parent_id))
+            self._paged(step, page.last, page.skipped or 0, tries)
         elif kind == "cancel_children":
             _, job_id, attempt, final, reason, after, *tries = step
             params = {
@@ -186,12 +231,12 @@ class Settling:
                 "batch": BATCH,
                 "reason": reason,
             }
-            rows = db.execute(cursor, query("cancel_children"), params).fetchall()
-            for _, _, changed_id, _parent in rows[1:]:
-                descendants = f"cancelled: ancestor job #{changed_id} was cancelled"
-                self.todo.append(("cancel_children", changed_id, None, True, descendants, 0))
-                self.todo.append(("settle", changed_id))
-            self._paged(step, rows[0][0], rows[0][1], tries)
+            page, *changed = _cancelled_page(cursor, "cancel_children", params)
+            for row in changed:
+                descendants = f"cancelled: ancestor job #{row.changed_id} was cancelled"
+                self.todo.append(("cancel_children", row.changed_id, None, True, descendants, 0))
+                self.todo.append(("settle", row.changed_id))
+            self._paged(step, page.last, page.skipped or 0, tries)
         else:
             raise ValueError(f"unknown settling step {step!r}")
 
@@ -214,10 +259,10 @@ class Settling:
             self.later.append((time.monotonic() + SKIPPED_PAUSE * attempts, attempts, base))
 
     def _settle(self, cursor: Cursor, job_id: int) -> None:
-        row = _job(cursor, job_id)
-        if row is None:
+        job = _job(cursor, job_id)
+        if job is None:
             return
-        state, parent_id, attempt, task = row
+        state, parent_id, attempt, task = job.state, job.parent_id, job.attempt, job.task
         if state in _ATTEMPT_DID_NOT_SUCCEED and attempt > 0:
             # The attempt ended without success: its children must not keep running.
             reason = f"cancelled: attempt {attempt} of parent job #{job_id} did not succeed"
@@ -281,31 +326,46 @@ def cancel_batch_with_cascade(
     return changes
 
 
+class _Unsettled(NamedTuple):
+    id: int
+
+
+class _Upstream(NamedTuple):
+    depends_on_id: int
+
+
+class _StrayParent(NamedTuple):
+    parent_id: int
+    attempt: int
+    state: str
+
+
 def repair(cursor: Cursor, limit: int = 1000) -> list[int]:
     """Settle what a crash left unsettled: waiting jobs with nothing left to wait for, and
     children of attempts that did not succeed. Returns the ids of the jobs it looked at."""
-    stuck = [row[0] for row in db.execute(cursor, query("unsettled"), {"limit": limit}).fetchall()]
+    unsettled = db.execute(cursor, query("unsettled"), {"limit": limit})
+    stuck = [row.id for row in db.fetch_all_as(unsettled, _Unsettled)]
     settling = Settling()
     for job_id in stuck:
-        row = _job(cursor, job_id)
-        if row is None or row[0] != State.WAITING:
+        job = _job(cursor, job_id)
+        if job is None or job.state != State.WAITING:
             continue
-        if row[2] > 0:
+        if job.attempt > 0:
             settling.todo.append(("settle", job_id))
             continue
         # A dependency-waiting job: settle the dependencies, which promotes or cancels it.
-        upstreams = db.execute(cursor, query("dependencies_of"), {"job_id": job_id}).fetchall()
-        for (upstream,) in upstreams:
-            settling.todo.append(("settle", upstream))
-    strays = db.execute(cursor, query("stray_children"), {"limit": limit}).fetchall()
-    for parent_id, attempt, state in strays:
-        stuck.append(parent_id)
-        for number in range(1, attempt + 1):
-            last = number == attempt
-            if last and state not in _ATTEMPT_DID_NOT_SUCCEED:
+        upstreams = db.execute(cursor, query("dependencies_of"), {"job_id": job_id})
+        for upstream in db.fetch_all_as(upstreams, _Upstream):
+            settling.todo.append(("settle", upstream.depends_on_id))
+    strays = db.execute(cursor, query("stray_children"), {"limit": limit})
+    for stray in db.fetch_all_as(strays, _StrayParent):
+        stuck.append(stray.parent_id)
+        for number in range(1, stray.attempt + 1):
+            last = number == stray.attempt
+            if last and stray.state not in _ATTEMPT_DID_NOT_SUCCEED:
                 continue  # the children of the attempt that runs, or that the job waits for
-            final = last and state in UNSUCCESSFUL_STATES
-            reason = f"cancelled: attempt {number} of parent job #{parent_id} did not succeed"
-            settling.todo.append(("cancel_children", parent_id, number, final, reason, 0))
+            final = last and stray.state in UNSUCCESSFUL_STATES
+            reason = f"cancelled: attempt {number} of parent job #{stray.parent_id} did not succeed"
+            settling.todo.append(("cancel_children", stray.parent_id, number, final, reason, 0))
     settling.run_to_end(cursor)
     return stuck

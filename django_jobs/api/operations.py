@@ -27,7 +27,7 @@ from django_jobs.exceptions import (
 )
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
-from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo
+from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, job_reads
 from django_jobs.tasks import Task
 
 
@@ -103,10 +103,9 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
             retry_delay = 0.0
             if ending.outcome != "done" and ending.retryable:
                 # As a worker of this app would: the task's backoff after this attempt.
-                cursor.execute("SELECT task FROM django_jobs_job WHERE id = %s", [lease.job_id])
-                row = cursor.fetchone()
-                if row is not None:
-                    retry_delay = registry.backoff_for(row[0], lease.attempt)
+                task = job_reads.task_of_job(cursor, lease.job_id)
+                if task is not None:
+                    retry_delay = registry.backoff_for(task, lease.attempt)
         ended = store.finish(
             cursor,
             lease,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -51,7 +52,9 @@ def endpoint(handler: Handler) -> Any:
             if error.status == 401:
                 response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
             return response
-        except DatabaseError as error:
+        # psycopg's own errors too: with server-side binding, the store runs its statements on a
+        # client-side psycopg cursor of the same connection, whose errors Django does not wrap.
+        except (DatabaseError, psycopg.Error) as error:
             logger.warning("API request failed on the database: %s", error)
             return JsonResponse(
                 {"error": "the job database is unavailable; try again", "field": None}, status=503

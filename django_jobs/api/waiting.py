@@ -37,8 +37,8 @@ import psycopg
 
 from django_jobs import conf
 from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line
-from django_jobs.store import db
 from django_jobs.store.connection import connection_params
+from django_jobs.store.sql import query
 
 logger = logging.getLogger("django_jobs.api")
 
@@ -213,7 +213,7 @@ class Listener:
                 conn = psycopg.connect(url, autocommit=True, application_name=name)
             else:
                 conn = psycopg.connect(**connection_params(conf.database_alias(), name))
-            conn.execute(f"LISTEN {db.CHANNEL}")
+            conn.execute(query("listen_for_jobs"))
             self.conn = conn
         except Exception as exc:
             self._failed(exc)

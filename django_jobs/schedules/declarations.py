@@ -14,9 +14,10 @@ Firing the ticks is :mod:`django_jobs.schedules.ticks`.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -224,10 +225,46 @@ def sync(cursor: Cursor, *, dry_run: bool = False) -> SyncReport:
     return report
 
 
+class _SyncLock(NamedTuple):
+    locked: None
+    now: datetime.datetime
+
+
+class _Stored(NamedTuple):
+    """A schedule's row, as a sync reads it."""
+
+    id: int
+    name: str
+    source: str
+    task: str
+    cron: str
+    timezone: str
+    args: Any
+    kwargs: Any
+    queue: str
+    priority: int | None
+    catch_up: str
+    overlap: str
+    missing_from_code_since: datetime.datetime | None
+
+    def values(self) -> tuple[Any, ...]:
+        """Its values in the order of :meth:`Declaration.values`."""
+        values = self._replace(
+            # Django's connection hands jsonb over as text; a worker's psycopg one, decoded.
+            args=json.loads(self.args) if isinstance(self.args, str) else self.args,
+            kwargs=json.loads(self.kwargs) if isinstance(self.kwargs, str) else self.kwargs,
+        )
+        return tuple(getattr(values, name) for name in FIELDS)
+
+
 def _sync(cursor: Cursor, declarations: list[Declaration], report: SyncReport) -> None:
-    now = db.execute(cursor, query("sync_lock")).fetchone()[1]
-    rows = db.execute(cursor, query("read_schedules")).fetchall()
-    existing = {row[1]: row for row in rows}
+    lock = db.fetch_one_as(db.execute(cursor, query("sync_lock")), _SyncLock)
+    assert lock is not None  # a SELECT without FROM has one row
+    now = lock.now
+    existing = {
+        row.name: row
+        for row in db.fetch_all_as(db.execute(cursor, query("read_schedules")), _Stored)
+    }
     for declaration in declarations:
         row = existing.get(declaration.name)
         params = _params(declaration)
@@ -236,23 +273,23 @@ def _sync(cursor: Cursor, declarations: list[Declaration], report: SyncReport) -
             db.execute(cursor, query("insert_schedule"), params)
             report.added.append(declaration.name)
             continue
-        _, name, source, *values, missing_since = row
-        # Django's connection hands jsonb over as text; a worker's psycopg one, decoded.
-        values[3:5] = [json.loads(v) if isinstance(v, str) else v for v in values[3:5]]
-        if source != "code":
-            report.conflicts.append(name)
+        if row.source != "code":
+            report.conflicts.append(row.name)
             continue
-        moved = (row[4], row[5]) != (declaration.cron, declaration.timezone)
-        if tuple(values) != declaration.values() or missing_since is not None:
-            if moved or missing_since is not None:
+        moved = (row.cron, row.timezone) != (declaration.cron, declaration.timezone)
+        missing = row.missing_from_code_since is not None
+        if row.values() != declaration.values() or missing:
+            if moved or missing:
                 params["next_run_at"] = cron.next_fire(declaration.cron, declaration.timezone, now)
             db.execute(cursor, query("update_schedule"), params)
-            report.changed.append(name)
+            report.changed.append(row.name)
     declared_names = {d.name for d in declarations} | set(report.errors)
     gone = [
         name
         for name, row in existing.items()
-        if row[2] == "code" and row[-1] is None and name not in declared_names
+        if row.source == "code"
+        and row.missing_from_code_since is None
+        and name not in declared_names
     ]
     if gone:
         db.execute(cursor, query("mark_missing"), {"names": gone})

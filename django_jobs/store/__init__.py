@@ -16,9 +16,15 @@ modules:
 
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
 - ``ending``: finish, reap, release and hand back, the ends of a claim;
-- ``workers``: heartbeats, the reaper's view of running jobs, forgetting a worker;
-- ``live``: a running attempt's progress and captured log;
-- ``control``: operators' actions over batches of ids (cancel, retry, run now).
+- ``workers``: heartbeats, the reaper's view of running jobs, workers' pods, forgetting a worker;
+- ``live_attempts``: a running attempt's progress and captured log;
+- ``control``: operators' actions over batches of ids (cancel, retry, run now);
+- ``job_reads``: what a running job, and the API serving its worker, read of one job;
+- ``api_tokens``: the API's token lookups, use stamps and revoking.
+
+No module outside this package holds SQL text (tests/unit/test_store_owns_sql.py). Rows are
+read by column name (``db.fetch_one_as``, ``db.fetch_all_as``) into a NamedTuple or a
+dataclass, whose fields must be the statement's columns.
 """
 
 from django_jobs.store.claiming import (
@@ -62,10 +68,13 @@ from django_jobs.store.workers import (
     LeaseStatus,
     RunningJob,
     WorkerInfo,
+    WorkerPod,
     delete_worker_if_idle,
     heartbeat,
+    record_worker_boot,
     running_jobs,
     unregister_worker,
+    worker_pods,
 )
 
 __all__ = [
@@ -86,6 +95,7 @@ __all__ = [
     "Recorded",
     "RunningJob",
     "WorkerInfo",
+    "WorkerPod",
     "attempt_outcome",
     "cancel_without_cascade",
     "changes_of",
@@ -99,6 +109,7 @@ __all__ = [
     "heartbeat",
     "reap",
     "record_live",
+    "record_worker_boot",
     "release",
     "retry",
     "retry_many",
@@ -108,4 +119,5 @@ __all__ = [
     "unique_key_holders",
     "unregister_worker",
     "until_free",
+    "worker_pods",
 ]

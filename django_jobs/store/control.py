@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
@@ -33,13 +33,19 @@ class Changes:
     busy: list[int] = dataclasses.field(default_factory=list)
 
 
-def changes_of(rows: Sequence[Sequence[Any]]) -> Changes:
-    """:class:`Changes` from a batch statement's ``(id, what)`` rows, ``what`` being ``busy``
-    for the ids another transaction held."""
-    result = Changes()
-    for job_id, what in rows:
-        (result.busy if what == "busy" else result.changed).append(job_id)
-    return result
+class _Change(NamedTuple):
+    id: int
+    #: What the statement did to the job, or ``busy``.
+    what: str
+
+
+def changes_of(result: Cursor) -> Changes:
+    """:class:`Changes` from the rows of a batch statement, ``(id, what)``, ``what`` being
+    ``busy`` for the ids another transaction held."""
+    changes = Changes()
+    for row in db.fetch_all_as(result, _Change):
+        (changes.busy if row.what == "busy" else changes.changed).append(row.id)
+    return changes
 
 
 #: How often a change over a batch of ids comes back for the ids that another transaction held
@@ -61,6 +67,12 @@ def until_free(change: Callable[[list[int]], Changes], ids: Sequence[int]) -> Ch
     return result
 
 
+class _CancelRow(NamedTuple):
+    id: int
+    state: str
+    linked: bool
+
+
 def cancel_without_cascade(
     cursor: Cursor, ids: Sequence[int], reason: str = "cancelled"
 ) -> Changes:
@@ -69,11 +81,11 @@ def cancel_without_cascade(
     :class:`Cancelled` per job changed. Finished jobs are skipped."""
     params = {"ids": list(ids), "reason": reason}
     result = Changes()
-    for job_id, state, linked in db.execute(cursor, query("cancel_many"), params).fetchall():
-        if state == "busy":
-            result.busy.append(job_id)
+    for row in db.fetch_all_as(db.execute(cursor, query("cancel_many"), params), _CancelRow):
+        if row.state == "busy":
+            result.busy.append(row.id)
         else:
-            result.changed.append(Cancelled(job_id, state, linked))
+            result.changed.append(Cancelled(row.id, row.state, row.linked))
     return result
 
 
@@ -97,15 +109,25 @@ def run_now(cursor: Cursor, job_id: int) -> bool:
 def retry_many(cursor: Cursor, budgets: dict[int, int]) -> Changes:
     """:func:`retry` for many jobs (id -> attempt budget); ``changed`` has the ids requeued."""
     params = {"ids": list(budgets), "budgets": list(budgets.values())}
-    return changes_of(db.execute(cursor, query("retry_many"), params).fetchall())
+    return changes_of(db.execute(cursor, query("retry_many"), params))
 
 
 def run_now_many(cursor: Cursor, ids: Sequence[int]) -> Changes:
     """:func:`run_now` for many jobs; ``changed`` has the ids made ready."""
-    return changes_of(db.execute(cursor, query("run_now_many"), {"ids": list(ids)}).fetchall())
+    return changes_of(db.execute(cursor, query("run_now_many"), {"ids": list(ids)}))
+
+
+class _KeyHolder(NamedTuple):
+    job_id: int
+    unique_key: str
+    holder_id: int
+    holder_state: str
 
 
 def unique_key_holders(cursor: Cursor, ids: Sequence[int]) -> dict[int, tuple[str, int, str]]:
     """For each of ``ids`` whose unique key an active job holds: (key, holder id, its state)."""
-    rows = db.execute(cursor, query("unique_key_holders"), {"ids": list(ids)}).fetchall()
-    return {job_id: (key, holder, state) for job_id, key, holder, state in rows}
+    result = db.execute(cursor, query("unique_key_holders"), {"ids": list(ids)})
+    return {
+        row.job_id: (row.unique_key, row.holder_id, row.holder_state)
+        for row in db.fetch_all_as(result, _KeyHolder)
+    }

@@ -25,8 +25,9 @@ back. Its commit, and so its durability, stays the caller's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -45,6 +46,46 @@ def raw_cursor(cursor: Cursor) -> Any:
     """The driver's cursor behind ``cursor``."""
     # A Django CursorWrapper keeps the driver's cursor in .cursor; a psycopg cursor is itself.
     return getattr(cursor, "cursor", cursor)
+
+
+Row = TypeVar("Row")
+
+
+class ColumnMismatch(TypeError):
+    """A statement's columns are not the fields of the row type it is read into."""
+
+
+def fetch_one_as(cursor: Cursor, row_type: type[Row]) -> Row | None:
+    """The next row of ``cursor`` as a ``row_type`` (a NamedTuple or a dataclass whose fields
+    are named as the statement's columns), or None when there is none."""
+    names = _columns(cursor, row_type)
+    row = cursor.fetchone()
+    return None if row is None else row_type(**dict(zip(names, row, strict=True)))
+
+
+def fetch_all_as(cursor: Cursor, row_type: type[Row]) -> list[Row]:
+    """The remaining rows of ``cursor``, each as a ``row_type`` (see :func:`fetch_one_as`)."""
+    names = _columns(cursor, row_type)
+    return [row_type(**dict(zip(names, row, strict=True))) for row in cursor.fetchall()]
+
+
+def _columns(cursor: Cursor, row_type: type[Any]) -> list[str]:
+    """The names of the statement's columns, checked against ``row_type``'s fields: a renamed
+    column fails here, with both lists, rather than as a value read into the wrong field."""
+    description = cursor.description
+    if description is None:
+        raise ColumnMismatch(f"the statement read into {row_type.__name__} returns no rows")
+    names = [column[0] for column in description]
+    if dataclasses.is_dataclass(row_type):
+        fields = [field.name for field in dataclasses.fields(row_type) if field.init]
+    else:
+        fields = list(getattr(row_type, "_fields", ()))
+    if sorted(names) != sorted(fields):
+        raise ColumnMismatch(
+            f"the statement's columns ({', '.join(names)}) are not the fields of"
+            f" {row_type.__name__} ({', '.join(fields)}): name each column as its field"
+        )
+    return names
 
 
 def _own_transaction(raw: Any) -> bool:

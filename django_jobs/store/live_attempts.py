@@ -35,5 +35,6 @@ def record_live(
         "message": "" if progress is None else progress.message,
         "log": log,
     }
-    row = db.execute(cursor, query("record_live"), params).fetchone()
-    return Recorded(bool(row[0]), bool(row[1]))
+    recorded = db.fetch_one_as(db.execute(cursor, query("record_live"), params), Recorded)
+    assert recorded is not None  # a SELECT without FROM has one row
+    return recorded

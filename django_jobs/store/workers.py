@@ -1,14 +1,16 @@
 """The worker registry: a worker's heartbeat (which reports on its leases and its orphans), what
 the reaper reads of running jobs, and forgetting a worker.
 
-The statements are in django_jobs/store/sql/workers.sql.
+The statements are in django_jobs/store/sql/workers.sql. The pods that workers recorded, which
+the Kubernetes liveness check reads, are here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
@@ -46,6 +48,15 @@ class Beat:
     orphans: list[Lease]
 
 
+class _BeatRow(NamedTuple):
+    job_id: int
+    held: bool
+    cancel_requested: bool
+    orphan: bool
+    token: str
+    attempt: int
+
+
 def heartbeat(
     cursor: Cursor, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int] = ()
 ) -> Beat:
@@ -53,7 +64,7 @@ def heartbeat(
     under its id that are neither leased nor ``unwritten`` (ended by the worker, with the write
     saying so still to be made)."""
     job_ids = [lease.job_id for lease in leases]
-    rows = db.execute(
+    result = db.execute(
         cursor,
         query("heartbeat"),
         {
@@ -64,13 +75,15 @@ def heartbeat(
             "leases": [lease.token for lease in leases],
             "known_ids": [*job_ids, *unwritten],
         },
-    ).fetchall()
+    )
     statuses, orphans = {}, []
-    for job_id, held, cancel, orphan, token, attempt in rows:
-        if orphan:
-            orphans.append(Lease(job_id, attempt, worker.id, token))
+    for row in db.fetch_all_as(result, _BeatRow):
+        if row.orphan:
+            orphans.append(Lease(row.job_id, row.attempt, worker.id, row.token))
         else:
-            statuses[token] = LeaseStatus(job_id, bool(held), bool(cancel))
+            statuses[row.token] = LeaseStatus(
+                row.job_id, bool(row.held), bool(row.cancel_requested)
+            )
     return Beat(statuses, orphans)
 
 
@@ -93,30 +106,43 @@ class RunningJob:
     overdue: bool
 
 
+class _RunningRow(NamedTuple):
+    job_id: int
+    attempt: int
+    worker_id: str
+    token: str
+    task: str
+    max_attempts: int
+    timeout: int | None
+    queue: str
+    running_for: float | None
+    unregistered: bool
+    host: str | None
+    pid: int | None
+    silent_for: float | None
+    overdue: bool
+
+
 def running_jobs(cursor: Cursor, timeout_grace: float) -> list[RunningJob]:
     """Every running job, with what the reaper judges it by: its worker's silence, whether it
     overran its timeout plus ``timeout_grace``."""
-    params = {"timeout_grace": timeout_grace}
-    jobs = []
-    for row in db.execute(cursor, query("running_jobs"), params).fetchall():
-        job_id, attempt, worker_id, token, task, max_attempts, timeout, queue, *rest = row
-        running_for, unregistered, host, pid, silent_for, overdue = rest
-        jobs.append(
-            RunningJob(
-                lease=Lease(job_id, attempt, worker_id, token),
-                task=task,
-                max_attempts=max_attempts,
-                timeout=timeout,
-                queue=queue,
-                running_for=running_for,
-                unregistered=unregistered,
-                host=host,
-                pid=pid,
-                silent_for=silent_for,
-                overdue=overdue,
-            )
+    result = db.execute(cursor, query("running_jobs"), {"timeout_grace": timeout_grace})
+    return [
+        RunningJob(
+            lease=Lease(row.job_id, row.attempt, row.worker_id, row.token),
+            task=row.task,
+            max_attempts=row.max_attempts,
+            timeout=row.timeout,
+            queue=row.queue,
+            running_for=row.running_for,
+            unregistered=row.unregistered,
+            host=row.host,
+            pid=row.pid,
+            silent_for=row.silent_for,
+            overdue=row.overdue,
         )
-    return jobs
+        for row in db.fetch_all_as(result, _RunningRow)
+    ]
 
 
 def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> bool:
@@ -124,3 +150,24 @@ def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> boo
     ``delete_silent_worker`` in workers.sql). True if its row was deleted."""
     params = {"id": worker_id, "silence": silence}
     return db.execute(cursor, query("delete_silent_worker"), params).fetchone() is not None
+
+
+class WorkerPod(NamedTuple):
+    """The pod a worker recorded as its own, and the boot of it that was seen first."""
+
+    worker_id: str
+    pod: str
+    #: The pod's uid and the worker container's id when first seen, or "".
+    boot_id: str
+
+
+def worker_pods(cursor: Cursor, worker_ids: Iterable[str]) -> list[WorkerPod]:
+    """The pods of those of ``worker_ids`` that recorded one."""
+    result = db.execute(cursor, query("worker_pods"), {"ids": sorted(worker_ids)})
+    return db.fetch_all_as(result, WorkerPod)
+
+
+def record_worker_boot(cursor: Cursor, worker_id: str, boot_id: str) -> None:
+    """Remember ``boot_id`` as the first boot seen of the worker's pod (a later one is kept
+    out: a restart is told by comparing with the first)."""
+    db.execute(cursor, query("record_worker_boot"), {"id": worker_id, "boot_id": boot_id})

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import re
 import secrets
 import threading
 import time
 from collections.abc import Sequence
 
-from django.db.models import F
-from django.db.models.functions import Now
+import psycopg
+from django.db import DatabaseError, connections
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ALL_QUEUES, ApiToken
+from django_jobs.store import api_tokens, db
+
+logger = logging.getLogger("django_jobs.api")
 
 PREFIX = "djt_"
 #: Seconds a process serving the API trusts what it read of a token.
@@ -79,14 +83,18 @@ def create(
         )
     checked = check_queues(queues)
     secret = PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.using(conf.database_alias()).create(
-        name=name,
-        token_hash=digest(secret),
-        prefix=secret[: len(PREFIX) + 4],
-        queues=checked,
-        can_enqueue=can_enqueue,
-        created_by=created_by,
-    )
+    alias = conf.database_alias()
+    with connections[alias].cursor() as cursor:
+        row = api_tokens.insert_token(
+            cursor,
+            alias,
+            name=name,
+            token_hash=digest(secret),
+            prefix=secret[: len(PREFIX) + 4],
+            queues=checked,
+            can_enqueue=can_enqueue,
+            created_by=created_by,
+        )
     return row, secret
 
 
@@ -135,23 +143,27 @@ class TokenCache:
         return grant
 
     def _read(self, key: str) -> Grant | None:
-        row = (
-            ApiToken.objects.using(conf.database_alias())
-            .filter(token_hash=key, revoked_at__isnull=True)
-            .values_list("id", "name", "queues", "can_enqueue")
-            .first()
-        )
+        with connections[conf.database_alias()].cursor() as cursor:
+            row = api_tokens.token_grant(cursor, key)
         if row is None:
             return None
-        token_id, name, queues, can_enqueue = row
-        return Grant(token_id, name, tuple(queues or ()), bool(can_enqueue))
+        return Grant(row.id, row.name, tuple(row.queues or ()), bool(row.can_enqueue))
 
     def _stamp(self, grant: Grant, now: float) -> None:
         with self._lock:
             if now - self._stamped.get(grant.id, float("-inf")) < USE_STAMP_SECONDS:
                 return
             self._stamped[grant.id] = now
-        ApiToken.objects.using(conf.database_alias()).filter(pk=grant.id).update(last_used_at=Now())
+        try:
+            with connections[conf.database_alias()].cursor() as cursor:
+                api_tokens.stamp_token_use(cursor, grant.id)
+        except (DatabaseError, psycopg.Error) as exc:
+            if not db.is_timeout(exc):
+                raise
+            # Only a last-use time: the request goes on, and the next one stamps it.
+            logger.info("token %s: its use was not stamped (%s)", grant.name, exc)
+            with self._lock:
+                self._stamped.pop(grant.id, None)
 
     def forget(self) -> None:
         with self._lock:
@@ -164,9 +176,5 @@ cache = TokenCache()
 
 def revoke(ids: Sequence[int]) -> int:
     """Revoke the tokens ``ids`` (those not revoked yet); return how many were."""
-    changed = (
-        ApiToken.objects.using(conf.database_alias())
-        .filter(pk__in=list(ids), revoked_at__isnull=True)
-        .update(revoked_at=Now(), last_used_at=F("last_used_at"))
-    )
-    return int(changed)
+    with connections[conf.database_alias()].cursor() as cursor:
+        return api_tokens.revoke_tokens(cursor, ids)

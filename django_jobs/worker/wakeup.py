@@ -126,8 +126,8 @@ class Wakeup:
             conn = psycopg.connect(**connection_params(self.alias, self.application_name))
         conn.add_notify_handler(self.heard.append)
         conn.execute(query("listener_session"), {"key": str(self.key)})
-        conn.execute(f"LISTEN {db.CHANNEL}")
-        conn.execute(f"LISTEN {HANDOVER_CHANNEL}")
+        conn.execute(query("listen_for_jobs"))
+        conn.execute(query("listen_for_handover"))
         self.conn = conn
         self.role = Role.IDLE
 

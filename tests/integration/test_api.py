@@ -27,6 +27,7 @@ from django_jobs.reaper import reap_pass
 from django_jobs.registry import registry
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
+from tests.conftest import connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -448,3 +449,59 @@ def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> N
     assert row.revoked_at is not None
     auth.cache.forget()  # past the cache's 10 seconds
     assert Api(secret).claim(queues=["remote"]).status_code == 401
+
+
+@override_settings(JOBS_LOCK_TIMEOUT_MS=300)
+def test_a_lock_held_on_the_token_table_makes_the_api_answer_503_at_once() -> None:
+    api = Api(make_token())
+    holder = connect()
+    # As a migration would: ACCESS EXCLUSIVE on the token table, in a transaction left open (and
+    # ended after 10 s, so that a lookup that waits for it shows as slow rather than hanging).
+    holder.execute("BEGIN")
+    holder.execute("LOCK TABLE django_jobs_api_token IN ACCESS EXCLUSIVE MODE")
+    release = threading.Timer(10.0, holder.rollback)
+    release.start()
+    try:
+        started = time.monotonic()
+        response = api.claim(queues=["remote"])
+        elapsed = time.monotonic() - started
+    finally:
+        release.cancel()
+        holder.rollback()
+        holder.close()
+    assert response.status_code == 503, (response.status_code, response.data)
+    assert response.data == {"error": "the job database is unavailable; try again", "field": None}
+    assert elapsed < 5.0
+    assert api.claim(queues=["remote"]).status_code == 204  # once the lock is gone
+
+
+@override_settings(JOBS_LOCK_TIMEOUT_MS=300)
+def test_a_locked_token_row_leaves_its_use_unstamped_and_the_request_served() -> None:
+    secret = make_token()
+    api = Api(secret)
+    holder = connect()
+    holder.execute("BEGIN")
+    holder.execute(
+        "SELECT 1 FROM django_jobs_api_token WHERE token_hash = %s FOR UPDATE",
+        [auth.digest(secret)],
+    )
+    try:
+        assert api.claim(queues=["remote"]).status_code == 204
+    finally:
+        holder.rollback()
+        holder.close()
+    assert ApiToken.objects.get(token_hash=auth.digest(secret)).last_used_at is None
+    auth.cache.forget()
+    assert api.claim(queues=["remote"]).status_code == 204
+    assert ApiToken.objects.get(token_hash=auth.digest(secret)).last_used_at is not None
+
+
+def test_a_new_tokens_row_is_the_stored_one() -> None:
+    row, secret = auth.create("stored", ["gpu"], can_enqueue=True, created_by="ops")
+    stored = ApiToken.objects.get(pk=row.pk)
+    assert (row.name, row.token_hash, row.prefix, row.queues, row.can_enqueue) == (
+        "stored", auth.digest(secret), secret[:8], ["gpu"], True
+    )  # fmt: skip
+    assert (row.created_at, row.created_by, row.revoked_at) == (stored.created_at, "ops", None)
+    row.save()  # an update of the stored row, not a second insert
+    assert ApiToken.objects.filter(name="stored").count() == 1

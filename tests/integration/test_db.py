@@ -3,8 +3,12 @@ each, whatever the connection's options say."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
 import psycopg
 import pytest
+from django.db import connection
 
 from django_jobs import conf
 from django_jobs.store import db
@@ -55,6 +59,36 @@ def test_statements_sent_together_are_one_transaction_with_bounded_waits(cursor_
         )
     assert first[0][0] == second[0][0] and second[0][1] == 7
     assert settings == [(conf.lock_timeout_ms(), conf.statement_timeout_ms(), "on", "off")]
+
+
+class Pair(NamedTuple):
+    name: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PairRecord:
+    size: int
+    name: str
+
+
+@BINDINGS
+def test_rows_are_read_by_column_name_into_named_tuples_and_dataclasses(cursor_class) -> None:
+    statement = "SELECT * FROM (VALUES (2, 'b'), (1, 'a')) AS t(size, name) ORDER BY size"
+    with connect(cursor_factory=cursor_class) as conn:
+        pairs = db.fetch_all_as(db.execute(conn.cursor(), statement), Pair)
+        record = db.fetch_one_as(db.execute(conn.cursor(), statement), PairRecord)
+        none = db.fetch_one_as(db.execute(conn.cursor(), statement + " LIMIT 0"), Pair)
+    assert pairs == [Pair("a", 1), Pair("b", 2)]
+    assert record == PairRecord(1, "a")
+    assert none is None
+
+
+def test_a_column_that_is_not_a_field_of_the_row_is_refused_with_both_lists() -> None:
+    with connection.cursor() as cursor:
+        result = db.execute(cursor, "SELECT 'a' AS name, 1 AS length")
+        with pytest.raises(db.ColumnMismatch, match=r"\(name, length\).*Pair \(name, size\)"):
+            db.fetch_one_as(result, Pair)
 
 
 def test_a_stronger_synchronous_commit_of_the_operator_is_kept() -> None:

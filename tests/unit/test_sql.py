@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from django_jobs.store import sql
+from django_jobs.store import db, sql
 from django_jobs.store.sql import functions
+from django_jobs.worker import wakeup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,3 +173,9 @@ def test_the_next_state_of_an_ended_attempt_is_decided_in_one_place() -> None:
     }
     (finish,) = [found for found in functions.newest() if found.name == "django_jobs_finish"]
     assert holders == {str((FUNCTIONS_FOLDER / finish.file).relative_to(ROOT)): 1}
+
+
+def test_the_listen_statements_name_the_channels_that_the_notifications_are_read_from() -> None:
+    assert sql.query("listen_for_jobs") == f"LISTEN {db.CHANNEL}"
+    assert sql.query("listen_for_handover") == f"LISTEN {wakeup.HANDOVER_CHANNEL}"
+    assert f"pg_notify('{wakeup.HANDOVER_CHANNEL}'" in sql.query("hand_over_listening")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
@@ -43,7 +44,9 @@ class Command(BaseCommand):
             )
         except InvalidOption as error:
             raise CommandError(str(error)) from None
-        except IntegrityError:
+        # psycopg's own too: with server-side binding, the store's statement runs on a psycopg
+        # cursor, whose errors Django does not wrap.
+        except (IntegrityError, psycopg.IntegrityError):
             raise CommandError(
                 f"a token named {options['name']!r} exists already; revoke it in the admin or "
                 "pick another name"

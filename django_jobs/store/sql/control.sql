@@ -62,7 +62,7 @@ WITH locked AS (
     WHERE j.id = e.id AND b.id = e.id
     RETURNING j.id, pg_notify('django_jobs', j.queue) IS NULL
 )
-SELECT id, 'requeued' FROM changed
+SELECT id, 'requeued' AS what FROM changed
 UNION ALL
 SELECT j.id, 'busy' FROM django_jobs_job j
 WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
@@ -71,7 +71,8 @@ WHERE j.id = ANY(%(ids)s) AND j.state IN ('error', 'cancelled')
 -- name: unique_key_holders
 -- Who holds the unique keys of these jobs: another active job with the same key. For the
 -- message of a retry that was refused. Index: job_admin_unique_key_idx.
-SELECT j.id, j.unique_key, o.id, o.state FROM django_jobs_job j
+SELECT j.id AS job_id, j.unique_key, o.id AS holder_id, o.state AS holder_state
+FROM django_jobs_job j
 JOIN django_jobs_job o ON o.unique_key = j.unique_key AND o.id <> j.id
 WHERE j.id = ANY(%(ids)s) AND o.state IN ('waiting', 'pending', 'running')
 
@@ -86,7 +87,7 @@ WITH locked AS (
     FROM locked WHERE j.id = locked.id AND j.state = 'pending'
     RETURNING j.id, pg_notify('django_jobs', j.queue) IS NULL
 )
-SELECT id, 'ready' FROM changed
+SELECT id, 'ready' AS what FROM changed
 UNION ALL
 SELECT j.id, 'busy' FROM django_jobs_job j
 WHERE j.id = ANY(%(ids)s) AND j.state = 'pending' AND j.id NOT IN (SELECT id FROM locked)

@@ -23,4 +23,4 @@ WITH job AS (
       AND job_id = %(job_id)s AND number = %(attempt)s AND lease = %(lease)s::uuid
     RETURNING id
 )
-SELECT EXISTS (SELECT 1 FROM job), EXISTS (SELECT 1 FROM attempt)
+SELECT EXISTS (SELECT 1 FROM job) AS progress, EXISTS (SELECT 1 FROM attempt) AS log

@@ -16,7 +16,7 @@
 
 -- name: prune_cutoff
 -- One cutoff from the database's clock for the whole run.
-SELECT now() - %(age)s::interval
+SELECT now() - %(age)s::interval AS cutoff
 
 -- name: prune_batch
 -- Delete a batch: lock the candidates that are not kept (re-checking their state, since an
@@ -73,11 +73,11 @@ WITH RECURSIVE batch AS (
 ), jobs AS (
     DELETE FROM django_jobs_job j USING doomed WHERE j.id = doomed.id RETURNING j.id
 )
-SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM jobs),
-       (SELECT count(*) FROM attempts),
-       (SELECT count(*) FROM own_links) + (SELECT count(*) FROM links_to),
-       (SELECT count(*) FROM orphans),
-       (SELECT finished_at FROM last), (SELECT id FROM last)
+SELECT (SELECT count(*) FROM batch) AS scanned, (SELECT count(*) FROM jobs) AS jobs,
+       (SELECT count(*) FROM attempts) AS attempts,
+       (SELECT count(*) FROM own_links) + (SELECT count(*) FROM links_to) AS dependencies,
+       (SELECT count(*) FROM orphans) AS orphans,
+       (SELECT finished_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
 
 -- name: prune_batch_count
 -- The same batch, counted instead of deleted (--dry-run). A dependency row between a job of
@@ -107,18 +107,20 @@ WITH RECURSIVE batch AS (
 ), doomed AS (
     SELECT id FROM batch WHERE id NOT IN (SELECT id FROM kept)
 )
-SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM doomed),
-       (SELECT count(*) FROM django_jobs_attempt a WHERE a.job_id IN (SELECT id FROM doomed)),
+SELECT (SELECT count(*) FROM batch) AS scanned, (SELECT count(*) FROM doomed) AS jobs,
+       (SELECT count(*) FROM django_jobs_attempt a WHERE a.job_id IN (SELECT id FROM doomed))
+           AS attempts,
        (SELECT count(*) FROM django_jobs_dependency d WHERE d.job_id IN (SELECT id FROM doomed))
        + (SELECT count(*) FROM django_jobs_dependency d JOIN django_jobs_job u ON u.id = d.job_id
           WHERE d.depends_on_id IN (SELECT id FROM doomed)
             AND d.job_id NOT IN (SELECT id FROM doomed)
             AND (u.id IN (SELECT id FROM kept)
                  OR NOT (u.state IN ('done', 'error', 'cancelled') AND u.state = ANY(%(states)s)
-                         AND u.finished_at < %(cutoff)s))),
+                         AND u.finished_at < %(cutoff)s))) AS dependencies,
        (SELECT count(*) FROM django_jobs_job c
-        WHERE c.parent_id IN (SELECT id FROM doomed) AND c.id NOT IN (SELECT id FROM doomed)),
-       (SELECT finished_at FROM last), (SELECT id FROM last)
+        WHERE c.parent_id IN (SELECT id FROM doomed) AND c.id NOT IN (SELECT id FROM doomed))
+           AS orphans,
+       (SELECT finished_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
 
 -- name: delete_finished_jobs
 -- Delete the finished jobs among a small batch of ids (the admin's delete), as a batch is
@@ -151,7 +153,7 @@ WITH locked AS (
 ), jobs AS (
     DELETE FROM django_jobs_job j USING doomed WHERE j.id = doomed.id RETURNING j.id
 )
-SELECT id, 'deleted' FROM jobs
+SELECT id, 'deleted' AS what FROM jobs
 UNION ALL
 SELECT j.id, 'busy' FROM django_jobs_job j
 WHERE j.id = ANY(%(ids)s) AND j.state IN ('done', 'error', 'cancelled')
@@ -167,7 +169,7 @@ WITH batch AS (
 ), gone AS (
     DELETE FROM django_jobs_schedule_tick t USING batch WHERE t.id = batch.id RETURNING 1
 )
-SELECT count(*) FROM gone
+SELECT count(*) AS ticks FROM gone
 
 -- name: count_old_ticks
-SELECT count(*) FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s
+SELECT count(*) AS ticks FROM django_jobs_schedule_tick WHERE created_at < %(cutoff)s

@@ -71,7 +71,7 @@ RETURNING paused_at
 
 -- name: sync_lock
 -- Two schedulers starting together sync one after the other (for this transaction only).
-SELECT pg_advisory_xact_lock(hashtext('django_jobs_schedule_sync')), now()
+SELECT pg_advisory_xact_lock(hashtext('django_jobs_schedule_sync')) AS locked, now() AS now
 
 -- name: read_schedules
 SELECT id, name, source, task, cron, timezone, args, kwargs, queue, priority, catch_up,

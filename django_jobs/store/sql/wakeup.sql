@@ -56,3 +56,12 @@ SELECT pg_advisory_unlock(current_setting('django_jobs.listener_key')::bigint)
 -- wait has been sent before this reply. (Like every statement of this connection, its text
 -- names "listen": pg_stat_activity.query tells the LISTEN connections apart.)
 SELECT 'listening' AS django_jobs_listener
+
+-- name: listen_for_jobs
+-- Enqueued work: each notification's payload names a queue that has some (store/db.py's
+-- CHANNEL). The API's one LISTEN connection runs it too (api/waiting.py).
+LISTEN django_jobs
+
+-- name: listen_for_handover
+-- A leaving listener's word to its successor (hand_over_listening).
+LISTEN django_jobs_listener

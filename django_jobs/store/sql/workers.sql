@@ -22,11 +22,11 @@ WITH beat AS (
     ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
     RETURNING id
 )
-SELECT j.id,
+SELECT j.id AS job_id,
        j.state = 'running' AND j.worker_id = %(id)s AND j.lease = l.lease AS held,
        j.cancel_requested,
        false AS orphan,
-       l.lease::text,
+       l.lease::text AS token,
        j.attempt
 FROM unnest(%(job_ids)s::bigint[], %(leases)s::uuid[]) AS l(id, lease)
 JOIN django_jobs_job j ON j.id = l.id
@@ -48,7 +48,8 @@ DELETE FROM django_jobs_worker WHERE id = %(id)s
 -- liveness check decide which of them are lost; this statement selects them all.
 -- Index: job_running_worker_idx (partial on running), so the cost follows the number of running
 -- jobs, not the table's size.
-SELECT j.id, j.attempt, j.worker_id, j.lease::text, j.task, j.max_attempts, j.timeout,
+SELECT j.id AS job_id, j.attempt, j.worker_id, j.lease::text AS token, j.task, j.max_attempts,
+       j.timeout,
        j.queue, EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for,
        w.id IS NULL AS unregistered, w.host, w.pid,
        EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_for,
@@ -71,3 +72,16 @@ WHERE w.id = %(id)s
   AND w.last_seen_at < now() - make_interval(secs => %(silence)s::float8)
   AND NOT EXISTS (SELECT 1 FROM django_jobs_job j WHERE j.state = 'running' AND j.worker_id = w.id)
 RETURNING w.id
+
+-- name: worker_pods
+-- The Kubernetes pods that these workers recorded as their own, with the boot (pod uid and
+-- container id) the liveness check saw of each before ("" until it has seen one).
+-- Index: the worker table's primary key.
+SELECT id AS worker_id, pod, boot_id
+FROM django_jobs_worker
+WHERE id = ANY(%(ids)s::text[]) AND pod <> ''
+
+-- name: record_worker_boot
+-- What a worker's container looked like when the liveness check first saw it, so that a later
+-- pass notices a restart. Only the first boot is kept. Index: the worker table's primary key.
+UPDATE django_jobs_worker SET boot_id = %(boot_id)s WHERE id = %(id)s AND boot_id = ''

@@ -35,8 +35,8 @@ WITH page AS (
     RETURNING w.id, (CASE WHEN w.run_after <= now()
                           THEN pg_notify('django_jobs', w.queue) END) IS NULL
 )
-SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM promoted),
-       (SELECT count(*) FROM candidates) - (SELECT count(*) FROM locked)
+SELECT (SELECT max(job_id) FROM page) AS last, (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(*) FROM candidates) - (SELECT count(*) FROM locked) AS skipped
 
 -- name: cancel_dependents
 -- transition: cancel dependents
@@ -62,8 +62,9 @@ WITH page AS (
     WHERE w.id = locked.id AND w.state IN ('waiting', 'pending')
     RETURNING w.id, w.parent_id
 )
-SELECT (SELECT max(job_id) FROM page), (SELECT count(*) FROM candidates)
-       - (SELECT count(*) FROM locked), NULL::bigint, NULL::bigint
+SELECT (SELECT max(job_id) FROM page) AS last,
+       (SELECT count(*) FROM candidates) - (SELECT count(*) FROM locked) AS skipped,
+       NULL::bigint AS changed_id, NULL::bigint AS parent_id
 UNION ALL
 SELECT NULL, NULL, id, parent_id FROM cancelled
 
@@ -94,8 +95,9 @@ WITH page AS (
     WHERE j.id = locked.id AND j.state IN ('waiting', 'pending', 'running')
     RETURNING j.id, j.parent_id
 )
-SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM page) - (SELECT count(*) FROM locked),
-       NULL::bigint, NULL::bigint
+SELECT (SELECT max(id) FROM page) AS last,
+       (SELECT count(*) FROM page) - (SELECT count(*) FROM locked) AS skipped,
+       NULL::bigint AS changed_id, NULL::bigint AS parent_id
 UNION ALL
 SELECT NULL, NULL, id, parent_id FROM changed
 
@@ -211,7 +213,7 @@ LIMIT %(limit)s
 -- Children that a crash may have left running after their parent's attempt failed: active
 -- children of an attempt that is over (the parent has ended for good, or is on a later
 -- attempt). Index: job_parent_idx, from the parents' side.
-SELECT DISTINCT p.id, p.attempt, p.state FROM django_jobs_job p
+SELECT DISTINCT p.id AS parent_id, p.attempt, p.state FROM django_jobs_job p
 JOIN django_jobs_job c ON c.parent_id = p.id
 WHERE c.state IN ('waiting', 'pending') AND c.parent_attempt IS NOT NULL
   AND (p.state IN ('error', 'cancelled')

@@ -1,0 +1,51 @@
+"""What a running job, and the API serving its worker, read of one job: whether the run should
+stop, whether it may spawn children, and the job's task.
+
+The statements are in django_jobs/store/sql/job_reads.sql.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from django_jobs.cursor import Cursor
+from django_jobs.store import db
+from django_jobs.store.sql import query
+
+
+class _Stop(NamedTuple):
+    stop: bool
+
+
+def stop_wanted(cursor: Cursor, job_id: int, lease: str | None) -> bool | None:
+    """Whether the run of ``job_id`` under ``lease`` (None: a run without a lease) should stop:
+    its cancellation was requested, or the run lost its lease. None if the job was deleted."""
+    result = db.execute(cursor, query("stop_wanted"), {"id": job_id, "lease": lease})
+    row = db.fetch_one_as(result, _Stop)
+    return None if row is None else bool(row.stop)
+
+
+class SpawningParent(NamedTuple):
+    """A job about to spawn a child, locked against its deletion until the child is committed."""
+
+    state: str
+    #: The token of its current claim, if it has one.
+    lease: str | None
+    cancel_requested: bool
+
+
+def lock_spawning_parent(cursor: Cursor, job_id: int) -> SpawningParent | None:
+    """The job ``job_id``, locked ``FOR KEY SHARE`` for the rest of the caller's transaction; None
+    if there is no such job."""
+    result = db.execute(cursor, query("lock_spawning_parent"), {"id": job_id})
+    return db.fetch_one_as(result, SpawningParent)
+
+
+class _Task(NamedTuple):
+    task: str
+
+
+def task_of_job(cursor: Cursor, job_id: int) -> str | None:
+    """The task name of the job ``job_id``, or None if there is no such job."""
+    row = db.fetch_one_as(db.execute(cursor, query("task_of_job"), {"id": job_id}), _Task)
+    return None if row is None else row.task
