@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
@@ -60,15 +60,41 @@ class ClaimedJob:
         return self.lease.attempt
 
 
+class ClaimRow(NamedTuple):
+    """A row of ``django_jobs_claim``, its columns in the order of the function's ``RETURNS
+    TABLE`` (tests/unit/test_sql.py checks the two agree). The claim's row also arrives as one
+    result of :func:`~django_jobs.store.db.execute_together`, which has no column names; a
+    NamedTuple reads it by name at the cost of a tuple."""
+
+    id: int
+    task: str
+    queue: str
+    args: str
+    kwargs: str
+    attempt: int
+    max_attempts: int
+    timeout: int | None
+    parent_id: int | None
+    lease: Any
+    attempt_id: int
+
+
 def claimed_job(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
     """The job a claim's row describes; ``None`` for no row (no job was ready)."""
     if row is None:
         return None
-    job_id, task, queue, args_json, kwargs_json, attempt, *rest = row
-    max_attempts, timeout, parent_id, token, attempt_id = rest
-    lease = Lease(job_id=job_id, attempt=attempt, worker_id=worker_id, token=str(token))
+    claimed = ClaimRow._make(row)
+    lease = Lease(claimed.id, claimed.attempt, worker_id, str(claimed.lease))
     return ClaimedJob(
-        lease, attempt_id, task, queue, args_json, kwargs_json, max_attempts, timeout, parent_id
+        lease,
+        claimed.attempt_id,
+        claimed.task,
+        claimed.queue,
+        claimed.args,
+        claimed.kwargs,
+        claimed.max_attempts,
+        claimed.timeout,
+        claimed.parent_id,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.states import TERMINAL_STATES, Outcome, State
@@ -49,11 +49,29 @@ class Ended:
         return self.state in TERMINAL_STATES and (self.parent_id is not None or self.has_dependents)
 
 
+class FinishRow(NamedTuple):
+    """A row of ``django_jobs_finish`` (and of the reap, which ends an attempt through it), its
+    columns in the order of the function's ``RETURNS TABLE`` (tests/unit/test_sql.py checks the
+    two agree); it also arrives from :func:`~django_jobs.store.db.execute_together`, without
+    column names."""
+
+    state: str
+    parent_id: int | None
+    has_dependents: bool
+    has_children: bool
+
+
 def _ended(job_id: int, row: Sequence[Any] | None) -> Ended | None:
     if row is None:
         return None
-    state, parent_id, has_dependents, has_children = row
-    return Ended(job_id, State(state).value, parent_id, bool(has_dependents), bool(has_children))
+    ended = FinishRow._make(row)
+    return Ended(
+        job_id,
+        State(ended.state).value,
+        ended.parent_id,
+        bool(ended.has_dependents),
+        bool(ended.has_children),
+    )
 
 
 _ENDING_OUTCOMES = frozenset(Outcome.values) - {Outcome.RUNNING, Outcome.RELEASED}
@@ -201,8 +219,7 @@ def hand_back(
         "reason": f"waiting for a worker that has registered task {task!r}: "
         f"worker {lease.worker_id} has not",
     }
-    row = db.execute(cursor, query("hand_back"), params).fetchone()
-    return None if row is None else HandBack(row[0], row[1])
+    return db.fetch_one_as(db.execute(cursor, query("hand_back"), params), HandBack)
 
 
 def attempt_outcome(cursor: Cursor, lease: Lease) -> str | None:

@@ -179,3 +179,21 @@ def test_the_listen_statements_name_the_channels_that_the_notifications_are_read
     assert sql.query("listen_for_jobs") == f"LISTEN {db.CHANNEL}"
     assert sql.query("listen_for_handover") == f"LISTEN {wakeup.HANDOVER_CHANNEL}"
     assert f"pg_notify('{wakeup.HANDOVER_CHANNEL}'" in sql.query("hand_over_listening")
+
+
+@pytest.mark.parametrize(
+    ("function", "row_type"),
+    [("django_jobs_claim", "ClaimRow"), ("django_jobs_finish", "FinishRow")],
+)
+def test_the_rows_of_the_hot_functions_are_read_by_their_column_names(
+    function: str, row_type: str
+) -> None:
+    # The claim's and the finish's rows also come from execute_together, without column names:
+    # their NamedTuples must list the function's columns in its RETURNS TABLE order.
+    from django_jobs.store import claiming, ending
+
+    declared = re.search(r"RETURNS TABLE \((.*?)\)\s*LANGUAGE", sql.query(function), re.S)
+    assert declared is not None
+    columns = [part.split()[0] for part in declared.group(1).split(",")]
+    row = getattr(claiming, row_type, None) or getattr(ending, row_type)
+    assert list(row._fields) == columns

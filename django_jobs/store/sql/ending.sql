@@ -120,7 +120,7 @@ WITH target AS (
       AND EXISTS (SELECT 1 FROM job)
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM job) THEN 'handed back'
-            WHEN v.expired THEN 'expired' END,
+            WHEN v.expired THEN 'expired' END AS verdict,
        v.missing_since
 FROM verdict v
 
