@@ -39,6 +39,7 @@ from django_jobs.schedules.runner import Scheduler
 from django_jobs.store import ClaimedJob, WorkerInfo
 from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
+from django_jobs.worker.duties import DatabaseDuties, PostgresDuties
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
@@ -80,9 +81,12 @@ class Supervisor:
 
     ``db`` (the queue) and ``pool`` (the executors) are built from the settings unless given:
     the unit tests give fakes, and ``runjobworker --api`` an
-    :class:`~django_jobs.worker.http_queue.HttpQueue`. ``observer`` is told of moments of the
-    worker's life. ``long_poll``: at most how long an idle worker's claim may wait for a job (a
-    queue that can wait; 0: claims answer at once, and the worker polls or LISTENs).
+    :class:`~django_jobs.worker.http_queue.HttpQueue`. ``duties``: what the worker does besides
+    when it has a database (recovery, queue limits, settling, schedules); built with the queue
+    when ``db`` is not given, and none of them are done without it. ``observer`` is told of
+    moments of the worker's life. ``long_poll``: at most how long an idle worker's claim may wait
+    for a job (a queue that can wait; 0: claims answer at once, and the worker polls or
+    LISTENs).
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class Supervisor:
         install_signals: bool = True,
         listen: bool | None = None,
         db: Queue | None = None,
+        duties: DatabaseDuties | None = None,
         pool: ExecutorPool | None = None,
         observer: Observer | None = None,
         scheduler: bool = True,
@@ -119,9 +124,11 @@ class Supervisor:
         self.worker_timeout = conf.worker_timeout()
         self.observer = observer or Observer()
         alias = conf.database_alias()
-        self.db = db or PostgresQueue(
-            QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
-        )
+        if db is None:
+            connection = QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
+            db, duties = PostgresQueue(connection), PostgresDuties(connection)
+        self.db: Queue = db
+        self.duties = duties
         self.pool = pool or ExecutorPool(concurrency, observer=self.observer)
         self.wakeup = (
             Wakeup(alias, self.worker_id, self.queues)
@@ -132,7 +139,7 @@ class Supervisor:
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
         self.gate = QueueGate(self.db)
-        self.scheduler = Scheduler(self.db, self.gate, enabled=scheduler)
+        self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
         self.unknown_tasks = UnknownTasks(self.worker_id)
@@ -142,6 +149,7 @@ class Supervisor:
             self.log,
             self.unknown_tasks,
             self,
+            duties=duties,
             worker_timeout=self.worker_timeout,
         )
         self.stopping = False
@@ -152,7 +160,8 @@ class Supervisor:
         self.next_heartbeat = 0.0
         # No claim before the first heartbeat has registered this worker.
         self.last_heartbeat_ok = float("-inf")
-        self.recovered = False
+        # Nothing to recover at startup without a database: the server's reaper does it.
+        self.recovered = duties is None
         self.wake = WakeSocket()
 
     # ------------------------------------------------------------------ lifecycle
@@ -455,9 +464,12 @@ class Supervisor:
     def _recover_earlier_boots(self) -> None:
         # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
         # JOBS_QUEUE_LIMITS is written into the queue table at the same time.
+        duties = self.duties
+        assert duties is not None
+
         def start_up() -> None:
-            self.db.recover_earlier_boots(self.info)
-            self.db.sync_queue_limits()
+            duties.recover_earlier_boots(self.info)
+            duties.sync_queue_limits()
 
         recovery = self.gate.call("startup recovery", start_up)
         if recovery is not FAILED:

@@ -79,6 +79,7 @@ def supervisor(
         listen=False,
         poll_interval=1.0,
         db=queue,
+        duties=queue,
         pool=executors.pool(concurrency),
         **{"scheduler": False, **options},  # the scheduler step: tests/unit/test_schedules.py
     )
