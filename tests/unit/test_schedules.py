@@ -199,7 +199,7 @@ def scheduling_worker(queue: FakeQueue, clock: Clock) -> Supervisor:
     )
     worker.scheduler.interval = 30.0
     worker.pool.start()
-    worker._heartbeat()
+    worker.heartbeats.beat()
     return worker
 
 
