@@ -20,7 +20,8 @@ from django_jobs.store import WorkerInfo
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, Queue, QueueGate
-from django_jobs.worker.process_pool import STOP_CANCELLED, STOP_LEASE_LOST, ExecutorPool
+from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.slots import STOP_CANCELLED, STOP_LEASE_LOST
 from django_jobs.worker.writes import JobWrites
 
 logger = logging.getLogger("django_jobs.worker")

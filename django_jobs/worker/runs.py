@@ -16,14 +16,8 @@ from django_jobs.store import ClaimedJob
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outcomes import OutcomeLog
-from django_jobs.worker.process_pool import (
-    STOP_LEASE_LOST,
-    STOP_SHUTDOWN,
-    ExecutorPool,
-    Exited,
-    Reported,
-    Slot,
-)
+from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.slots import STOP_LEASE_LOST, STOP_SHUTDOWN, Exited, Reported, Slot
 from django_jobs.worker.writes import JobWrites
 
 logger = logging.getLogger("django_jobs.worker")

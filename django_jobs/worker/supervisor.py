@@ -44,9 +44,10 @@ from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
-from django_jobs.worker.process_pool import ExecutorPool, Reported, Slot
+from django_jobs.worker.process_pool import ExecutorPool
 from django_jobs.worker.runs import Runs
 from django_jobs.worker.signals import WakeSocket
+from django_jobs.worker.slots import Reported, Slot
 from django_jobs.worker.wakeup import FOLLOWER_POLL_FACTOR, Wakeup
 from django_jobs.worker.writes import JobWrites
 

@@ -25,7 +25,7 @@ from django_jobs.worker.executor import Report
 from django_jobs.worker.outbox import Outbox, Write
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import Queue
-from django_jobs.worker.process_pool import Slot
+from django_jobs.worker.slots import Slot
 
 #: Seconds of settling (workflows.Settling) between two looks at the rest of the loop.
 SETTLE_SLICE = 0.05
