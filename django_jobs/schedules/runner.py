@@ -58,7 +58,6 @@ class Scheduler:
         self.synced = False
         self.backoff = Backoff(FAILURE_RETRY_CAP)
         self.fired = 0
-        self.last: FirePass | None = None
 
     def step(self, stopping: bool = False) -> FirePass | None:
         """Sync or fire, if a step is due; return what a firing pass did."""
@@ -87,7 +86,6 @@ class Scheduler:
         for line in done.outcomes:
             logger.info("schedule %s", line)
         self.fired += done.fired
-        self.last = done
         wait = self.interval
         if done.seconds_until_due is not None:
             wait = min(wait, max(done.seconds_until_due, 0.0) + SLACK)

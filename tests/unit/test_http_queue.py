@@ -5,6 +5,7 @@ test_api_worker.py)."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import socket
 import threading
@@ -20,7 +21,6 @@ from django_jobs.exceptions import ApiRefused, ApiUnreachable, InvalidOption
 from django_jobs.progress import Progress
 from django_jobs.store import Lease, WorkerInfo
 from django_jobs.store.connection import is_connection_fatal
-from django_jobs.worker import http_queue
 from django_jobs.worker.http_queue import HttpQueue
 
 LEASE = Lease(7, 2, "w:1:abc", "opaque-lease")
@@ -286,7 +286,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_the_http_queue_needs_none_of_a_database_workers_features() -> None:
     # A worker of the API has no database: settling, recovery and schedules are the server's.
-    source = Path(http_queue.__file__)
+    source = Path(inspect.getfile(HttpQueue))
     imported = imported_modules(source)
     features = {"django_jobs.workflows", "django_jobs.schedules", "django_jobs.reaper"}
     leaks = sorted(
