@@ -17,6 +17,7 @@ from django_jobs.reaper import recover_earlier_boots
 from django_jobs.schedules import declarations, ticks
 from django_jobs.store import WorkerInfo
 from django_jobs.store.connection import QueueConnection
+from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
 
 class DatabaseDuties(Protocol):
@@ -71,3 +72,16 @@ class PostgresDuties:
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         with self.connection.cursor() as cursor:
             return ticks.fire_due(cursor, tasks)
+
+
+def start_up(duties: DatabaseDuties, gate: QueueGate, worker: WorkerInfo) -> bool:
+    """What a worker with a database does once, before its first claim: recover the jobs that
+    its earlier boots left running, and write ``JOBS_QUEUE_LIMITS`` into the queue table. False
+    if the database refused (the worker tries again)."""
+
+    def run() -> None:
+        # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
+        duties.recover_earlier_boots(worker)
+        duties.sync_queue_limits()
+
+    return gate.call("startup recovery", run) is not FAILED

@@ -37,7 +37,7 @@ from django_jobs.schedules.runner import Scheduler
 from django_jobs.store import ClaimedJob
 from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
-from django_jobs.worker.duties import DatabaseDuties, PostgresDuties
+from django_jobs.worker.duties import DatabaseDuties, PostgresDuties, start_up
 from django_jobs.worker.heartbeats import Heartbeats, this_worker
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
@@ -146,8 +146,7 @@ class Supervisor:
         self.grace_deadline: float | None = None
         self.queue_may_have_work = True
         self.next_poll = 0.0
-        # Nothing to recover at startup without a database: the server's reaper does it.
-        self.recovered = duties is None
+        self.recovered = False
         self.wake = WakeSocket()
 
     # ------------------------------------------------------------------ lifecycle
@@ -214,8 +213,8 @@ class Supervisor:
         self.outbox.flush()
         if now >= self.heartbeats.next_at:
             self.heartbeats.beat()
-        if not self.recovered and not self.gate.waiting():
-            self._recover_earlier_boots()
+        if self.duties is not None and not self.recovered and not self.gate.waiting():
+            self.recovered = start_up(self.duties, self.gate, self.info)
         self.scheduler.step(self.stopping)
         if now >= self.next_poll:
             self.queue_may_have_work = True
@@ -359,22 +358,6 @@ class Supervisor:
                 self.runs.reported(event)
             else:
                 self.runs.exited(event, stopping=self.stopping or self.hard_stop)
-
-    # ------------------------------------------------------------------ startup
-
-    def _recover_earlier_boots(self) -> None:
-        # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
-        # JOBS_QUEUE_LIMITS is written into the queue table at the same time.
-        duties = self.duties
-        assert duties is not None
-
-        def start_up() -> None:
-            duties.recover_earlier_boots(self.info)
-            duties.sync_queue_limits()
-
-        recovery = self.gate.call("startup recovery", start_up)
-        if recovery is not FAILED:
-            self.recovered = True
 
     # ------------------------------------------------------------------ signals
 
