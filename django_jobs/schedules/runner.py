@@ -2,7 +2,7 @@
 
 A step runs only when due: at most :func:`~django_jobs.conf.scheduler_interval` seconds apart
 (so that an edit in the admin takes effect within that), and sooner when the next schedule is
-due sooner. It uses the queue the worker already has (no connection of its own), holds no
+due sooner. It uses the connection the worker already has (no connection of its own), holds no
 transaction between steps, and meets database errors at the :class:`QueueGate`, with its
 backoff. The first step syncs the schedules code declares
 (:func:`django_jobs.schedules.declarations.sync`); the others fire due ticks
@@ -21,7 +21,8 @@ from django_jobs.registry import registry
 from django_jobs.runtime.backoff import Backoff
 from django_jobs.schedules.declarations import SyncReport
 from django_jobs.schedules.ticks import FirePass
-from django_jobs.worker.postgres_queue import FAILED, Queue, QueueGate
+from django_jobs.worker.duties import DatabaseDuties
+from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
 logger = logging.getLogger("django_jobs.schedules")
 
@@ -35,28 +36,28 @@ SLACK = 0.01
 
 class Scheduler:
     """Fire the due ticks of the schedules of ``tasks`` (default: every task registered
-    here; a schedule of a task this process lacks is left to a process that has it)."""
+    here; a schedule of a task this process lacks is left to a process that has it). Without
+    ``duties`` (a worker of the HTTP API) it never fires."""
 
     def __init__(
         self,
-        db: Queue,
+        duties: DatabaseDuties | None,
         gate: QueueGate,
         *,
         enabled: bool = True,
         interval: float | None = None,
         tasks: Sequence[str] | None = None,
     ) -> None:
-        self.db = db
+        self.duties = duties
         self.gate = gate
-        self.enabled = enabled
+        self.enabled = enabled and duties is not None
         self.interval = conf.scheduler_interval() if interval is None else interval
         self.tasks = list(registry.names() if tasks is None else tasks)
         #: When the next step is due (time.monotonic()); never when disabled.
-        self.due_at = 0.0 if enabled else float("inf")
+        self.due_at = 0.0 if self.enabled else float("inf")
         self.synced = False
         self.backoff = Backoff(FAILURE_RETRY_CAP)
         self.fired = 0
-        self.last: FirePass | None = None
 
     def step(self, stopping: bool = False) -> FirePass | None:
         """Sync or fire, if a step is due; return what a firing pass did."""
@@ -65,17 +66,18 @@ class Scheduler:
             self.due_at = float("inf")  # no more ticks from a worker that is stopping
         if self.gate.waiting():  # the database is away: look again when the queue does
             self.due_at = max(self.due_at, self.gate.retry_at)
-        if now < self.due_at:
+        duties = self.duties
+        if duties is None or now < self.due_at:
             return None
         if not self.synced:
-            report = self.gate.call("schedule sync", self.db.sync_schedules, own_backoff=True)
+            report = self.gate.call("schedule sync", duties.sync_schedules, own_backoff=True)
             if report is FAILED:
                 self._failed(now)
                 return None
             self.synced = True
             self._synced(report)
         done = self.gate.call(
-            "schedules", lambda: self.db.fire_schedules(self.tasks), own_backoff=True
+            "schedules", lambda: duties.fire_schedules(self.tasks), own_backoff=True
         )
         if done is FAILED:
             self._failed(now)
@@ -84,7 +86,6 @@ class Scheduler:
         for line in done.outcomes:
             logger.info("schedule %s", line)
         self.fired += done.fired
-        self.last = done
         wait = self.interval
         if done.seconds_until_due is not None:
             wait = min(wait, max(done.seconds_until_due, 0.0) + SLACK)
@@ -97,7 +98,7 @@ class Scheduler:
         """After a database error: an outage waits for the queue's own backoff (claims and
         heartbeats wait for it too); any other error backs off the scheduler alone, so that a
         schedule that keeps failing never holds back the worker's jobs."""
-        if self.db.broken:
+        if self.gate.queue.broken:
             self.due_at = max(now + LOCKED_RETRY, self.gate.retry_at)
         else:
             self.due_at = now + self.backoff.failed()

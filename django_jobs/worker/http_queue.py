@@ -14,7 +14,7 @@ raises :class:`~django_jobs.exceptions.ApiRefused`, which it logs.
 
 The server does the rest itself: it settles workflows (parents, children, dependents) inside
 each finish, and recovers what its reaper finds. A worker of the API fires no periodic jobs and
-LISTENs to nothing, so settling, recovery, queue limits and schedules are nothing to do here.
+LISTENs to nothing: it has none of a database worker's duties (:mod:`django_jobs.worker.duties`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django_jobs import store, workflows
+from django_jobs import store
 from django_jobs.apiclient import HINTS, MAX_WAIT, Api, read_token
 from django_jobs.exceptions import ApiRefused, ApiUnreachable
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
-from django_jobs.schedules import declarations, ticks
 from django_jobs.states import Outcome
 from django_jobs.store import (
     Beat,
@@ -209,11 +208,6 @@ class HttpQueue:
         now = datetime.datetime.now(datetime.UTC)
         return HandBack(store.HANDED_BACK, seen_since or now)
 
-    def settle(self, settling: workflows.Settling, until: float) -> None:
-        # The server settled the workflow inside the finish.
-        settling.todo.clear()
-        settling.later.clear()
-
     def heartbeat(
         self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
     ) -> Beat:
@@ -243,20 +237,8 @@ class HttpQueue:
         except ApiUnreachable as exc:
             logger.warning("%s; the worker starts, and tries again", exc)
 
-    def recover_earlier_boots(self, worker: WorkerInfo) -> None:
-        pass  # the server's reaper recovers a silent worker's jobs
-
-    def sync_queue_limits(self) -> None:
-        pass  # JOBS_QUEUE_LIMITS are the server's settings
-
     def unregister(self, worker_id: str) -> None:
         pass  # the API has no endpoint for it: the row goes once the worker is silent
-
-    def sync_schedules(self) -> declarations.SyncReport:
-        raise NotImplementedError("a worker of the API fires no periodic jobs")
-
-    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
-        raise NotImplementedError("a worker of the API fires no periodic jobs")
 
     def close(self) -> None:
         self.api.close()

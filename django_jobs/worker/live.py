@@ -3,7 +3,7 @@ the last progress its job reported, and the tail of what it printed and logged.
 
 An executor sends progress over its pipe, and its output down a second pipe as it is written
 (worker/capture.py); the pool keeps both in the slot's :class:`Watch`. :class:`LiveWrites`
-turns a watch into ``record_live`` writes (transitions/live.py), queued in the outbox on the
+turns a watch into ``record_live`` writes (store/live_attempts.py), queued in the outbox on the
 worker's one connection: at most one per ``JOBS_PROGRESS_INTERVAL`` per job while it runs, each
 with the latest values, and always one more when the attempt ends, queued before its finish.
 Since the tail is kept here, a job whose process crashed or was killed for a timeout keeps

@@ -2,6 +2,9 @@
 
 :class:`Queue` lists what a worker asks of its queue: claim, finish (alone or together with the
 next claim), heartbeat, release, hand back, a running job's progress and log, and the rest.
+What only a worker with a database does besides (settling workflows, recovering its earlier
+boots, syncing queue limits, firing schedules) is not part of it: see
+:mod:`django_jobs.worker.duties`.
 :class:`PostgresQueue` sends each as the statements of :mod:`django_jobs.store` over the
 worker's one connection; a fake in the unit tests keeps jobs in memory, and another transport
 (the HTTP API, :mod:`django_jobs.worker.http_queue`) plugs in here.
@@ -17,11 +20,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django_jobs import queues, store, workflows
+from django_jobs import store
 from django_jobs.progress import Progress
-from django_jobs.reaper import recover_earlier_boots
 from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line, unlogged_note
-from django_jobs.schedules import declarations, ticks
 from django_jobs.store import (
     Beat,
     ClaimedJob,
@@ -90,21 +91,11 @@ class Queue(Protocol):
         seen_since: datetime.datetime | None,
     ) -> HandBack | None: ...
 
-    def settle(self, settling: workflows.Settling, until: float) -> None: ...
-
     def heartbeat(
         self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
     ) -> Beat: ...
 
-    def recover_earlier_boots(self, worker: WorkerInfo) -> None: ...
-
-    def sync_queue_limits(self) -> None: ...
-
     def unregister(self, worker_id: str) -> None: ...
-
-    def sync_schedules(self) -> declarations.SyncReport: ...
-
-    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass: ...
 
     def close(self) -> None: ...
 
@@ -178,35 +169,15 @@ class PostgresQueue:
                 seen_since=seen_since,
             )
 
-    def settle(self, settling: workflows.Settling, until: float) -> None:
-        with self.connection.cursor() as cursor:
-            settling.run(cursor, until=until)
-
     def heartbeat(
         self, worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]
     ) -> Beat:
         with self.connection.cursor() as cursor:
             return store.heartbeat(cursor, worker, leases, unwritten)
 
-    def recover_earlier_boots(self, worker: WorkerInfo) -> None:
-        with self.connection.cursor() as cursor:
-            recover_earlier_boots(cursor, worker)
-
-    def sync_queue_limits(self) -> None:
-        with self.connection.cursor() as cursor:
-            queues.sync_limits(cursor)
-
     def unregister(self, worker_id: str) -> None:
         with self.connection.cursor() as cursor:
             store.unregister_worker(cursor, worker_id)
-
-    def sync_schedules(self) -> declarations.SyncReport:
-        with self.connection.cursor() as cursor:
-            return declarations.sync(cursor)
-
-    def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
-        with self.connection.cursor() as cursor:
-            return ticks.fire_due(cursor, tasks)
 
     def close(self) -> None:
         self.connection.close()

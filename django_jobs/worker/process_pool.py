@@ -6,159 +6,44 @@ lease, the end of the shutdown grace period: SIGTERM, then SIGKILL after ``JOBS_
 and turns what they say and how they exit into events for the supervisor. It never talks to
 the queue: what a report or an exit means for the job is the supervisor's to write.
 
-``spawn`` and ``wait`` are the pool's seams to the operating system: the unit tests pass fake
-executors that live in the test's own process.
+``spawn`` (:mod:`django_jobs.worker.spawn`) and ``wait`` are the pool's seams to the operating
+system: the unit tests pass fake executors that live in the test's own process. Its slots and
+events are in :mod:`django_jobs.worker.slots`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
-import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_any
-from multiprocessing.process import BaseProcess
 from typing import Any
-
-from django.conf import settings
 
 from django_jobs import conf
 from django_jobs.progress import Progress
-from django_jobs.states import Outcome
 from django_jobs.store import ClaimedJob, Lease
-from django_jobs.worker.executor import Assignment, Report, executor_main
+from django_jobs.worker.executor import Assignment, Report
 from django_jobs.worker.live import Tail, Watch
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outcomes import job_fields
+from django_jobs.worker.slots import (
+    STOP_LEASE_LOST,
+    STOP_SHUTDOWN,
+    STOP_TIMEOUT,
+    Event,
+    Exited,
+    Reported,
+    Slot,
+)
+from django_jobs.worker.spawn import Spawned, spawn_executor
 
 logger = logging.getLogger("django_jobs.worker")
-
-# Why an executor was stopped by the supervisor, and the attempt outcome that follows.
-STOP_TIMEOUT = "timeout"
-STOP_CANCELLED = "cancelled"
-STOP_SHUTDOWN = "shutdown"
-STOP_LEASE_LOST = "lease_lost"
 
 #: Bytes of a job's output read at a time, and at most in one look (the rest waits for the next).
 OUTPUT_CHUNK = 64 * 1024
 OUTPUT_READ_LIMIT = 1024 * 1024
-
-
-@dataclasses.dataclass
-class Slot:
-    """One executor process and the job it is running, if any."""
-
-    index: int
-    process: BaseProcess
-    conn: Connection
-    # The read end of the executor's output pipe (None: its output is not captured).
-    output: Connection | None = None
-    ready: bool = False
-    job: ClaimedJob | None = None
-    started: float = 0.0
-    deadline: float | None = None
-    stop_reason: str | None = None
-    kill_at: float | None = None
-    # A newer claim of the job that this slot's executor still runs under an older lease: it
-    # starts here once that executor has exited, so that the job never runs twice at once.
-    deferred: ClaimedJob | None = None
-    # What the running job has reported and printed so far.
-    watch: Watch | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.job is not None or self.deferred is not None
-
-    @property
-    def pid(self) -> int:
-        """The executor's process id (its process is started when the slot is made)."""
-        pid = self.process.pid
-        assert pid is not None, "the executor has not been started"
-        return pid
-
-
-@dataclasses.dataclass(frozen=True)
-class Reported:
-    """An executor reported the end of its job; the slot is free again."""
-
-    slot: Slot
-    job: ClaimedJob
-    report: Report
-    elapsed: float
-    watch: Watch | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Exited:
-    """An executor process has exited, with or without a job, and needs replacing."""
-
-    slot: Slot
-    job: ClaimedJob | None
-    reason: str | None  # why the pool stopped it, if it did: one of the STOP_* reasons
-    code: int | None
-    elapsed: float
-    #: What the job had reported and printed up to the end.
-    watch: Watch | None = None
-
-    def report(self, job: ClaimedJob) -> Report:
-        """The end of the attempt of ``job``, whose executor was stopped for a timeout or a
-        cancellation, or died."""
-        if self.reason == STOP_TIMEOUT:
-            return Report(
-                job.id, Outcome.TIMEOUT, error=f"timed out after {job.timeout}s and was stopped"
-            )
-        if self.reason == STOP_CANCELLED:
-            return Report(job.id, Outcome.CANCELLED, error="cancelled while running")
-        return Report(job.id, Outcome.CRASHED, error=f"the job's process died ({self.how()})")
-
-    def how(self) -> str:
-        """How the process ended, in words."""
-        if self.code is None:
-            return "still running"
-        if self.code < 0:
-            try:
-                return f"killed by {signal.Signals(-self.code).name}"
-            except ValueError:
-                return f"killed by signal {-self.code}"
-        return f"exit code {self.code}"
-
-
-Event = Reported | Exited
-
-
-#: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
-#: end of its output pipe (``None``: not captured).
-Spawned = tuple[BaseProcess, Connection, Connection | None]
-
-
-def spawn_executor(index: int) -> Spawned:
-    """Start executor process ``index``, with its pipe and its output pipe."""
-    context = multiprocessing.get_context("spawn")
-    parent_conn, child_conn = context.Pipe(duplex=True)
-    output, child_output = context.Pipe(duplex=False)
-    process = context.Process(
-        target=executor_main,
-        args=(
-            child_conn,
-            child_output,
-            _picklable_databases(),
-            os.environ.get("DJANGO_SETTINGS_MODULE", ""),
-        ),
-        name=f"django-jobs-executor-{index}",
-        daemon=True,
-    )
-    process.start()
-    child_conn.close()
-    child_output.close()
-    # Read without blocking: a job's output is drained as far as it goes, then the loop goes on.
-    os.set_blocking(output.fileno(), False)
-    return process, parent_conn, output
 
 
 class ExecutorPool:
@@ -401,23 +286,3 @@ class ExecutorPool:
             slot.conn.close()
             if slot.output is not None:
                 slot.output.close()
-
-
-def _picklable_databases() -> dict[str, Any]:
-    # Settings dicts are plain data; a round trip through JSON proves it before a spawn fails.
-    databases = settings.DATABASES
-    try:
-        json.dumps(databases)
-        return databases
-    except TypeError:
-        return {
-            alias: {k: v for k, v in db.items() if _plain(v)} for alias, db in databases.items()
-        }
-
-
-def _plain(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except TypeError:
-        return False

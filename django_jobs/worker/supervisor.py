@@ -14,19 +14,17 @@ What a server crash or a lost reply can still leave behind, the heartbeat finds 
 without counting the attempt, and a finish that the database lost again is written again from
 memory.
 
-This module is the loop; each of its parts has a module of its own in this package (the queue,
-the executor pool, the writes and their outbox, outcomes, deploys, backoff, signals, the
-observer, the scheduler): see docs/architecture.md.
+This module is the loop; each of its steps has a module of its own in this package (the queue
+and the database duties, the heartbeats, the runs on the executor pool, the writes and their
+outbox, outcomes, deploys, signals, the observer) or beside it (the scheduler, backoff).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,43 +34,24 @@ from django_jobs.exceptions import InvalidOption
 from django_jobs.registry import registry
 from django_jobs.runtime.identity import base_name, new_worker_id
 from django_jobs.schedules.runner import Scheduler
-from django_jobs.store import ClaimedJob, WorkerInfo
+from django_jobs.store import ClaimedJob
 from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
+from django_jobs.worker.duties import DatabaseDuties, PostgresDuties, start_up
+from django_jobs.worker.heartbeats import Heartbeats, this_worker
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
-from django_jobs.worker.process_pool import (
-    STOP_CANCELLED,
-    STOP_LEASE_LOST,
-    STOP_SHUTDOWN,
-    ExecutorPool,
-    Exited,
-    Reported,
-    Slot,
-)
+from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.runs import Runs
 from django_jobs.worker.signals import WakeSocket
+from django_jobs.worker.slots import Reported, Slot
 from django_jobs.worker.wakeup import FOLLOWER_POLL_FACTOR, Wakeup
 from django_jobs.worker.writes import JobWrites
 
 logger = logging.getLogger("django_jobs.worker")
-
-
-def this_worker(worker_id: str, name: str, queues: Sequence[str], concurrency: int) -> WorkerInfo:
-    """What a worker's heartbeat registers of this process: where it runs, what it serves, and
-    the tasks it has."""
-    return WorkerInfo(
-        id=worker_id,
-        name=name,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        queues=list(queues),
-        concurrency=concurrency,
-        pod=os.environ.get("POD_NAME", ""),
-        tasks=registry.local_names(),
-    )
 
 
 class Supervisor:
@@ -80,9 +59,12 @@ class Supervisor:
 
     ``db`` (the queue) and ``pool`` (the executors) are built from the settings unless given:
     the unit tests give fakes, and ``runjobworker --api`` an
-    :class:`~django_jobs.worker.http_queue.HttpQueue`. ``observer`` is told of moments of the
-    worker's life. ``long_poll``: at most how long an idle worker's claim may wait for a job (a
-    queue that can wait; 0: claims answer at once, and the worker polls or LISTENs).
+    :class:`~django_jobs.worker.http_queue.HttpQueue`. ``duties``: what the worker does besides
+    when it has a database (recovery, queue limits, settling, schedules); built with the queue
+    when ``db`` is not given, and none of them are done without it. ``observer`` is told of
+    moments of the worker's life. ``long_poll``: at most how long an idle worker's claim may wait
+    for a job (a queue that can wait; 0: claims answer at once, and the worker polls or
+    LISTENs).
     """
 
     def __init__(
@@ -98,6 +80,7 @@ class Supervisor:
         install_signals: bool = True,
         listen: bool | None = None,
         db: Queue | None = None,
+        duties: DatabaseDuties | None = None,
         pool: ExecutorPool | None = None,
         observer: Observer | None = None,
         scheduler: bool = True,
@@ -115,13 +98,13 @@ class Supervisor:
         self.grace = grace
         self.long_poll = long_poll
         self.install_signals = install_signals
-        self.heartbeat_interval = conf.heartbeat_interval()
-        self.worker_timeout = conf.worker_timeout()
         self.observer = observer or Observer()
         alias = conf.database_alias()
-        self.db = db or PostgresQueue(
-            QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
-        )
+        if db is None:
+            connection = QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
+            db, duties = PostgresQueue(connection), PostgresDuties(connection)
+        self.db: Queue = db
+        self.duties = duties
         self.pool = pool or ExecutorPool(concurrency, observer=self.observer)
         self.wakeup = (
             Wakeup(alias, self.worker_id, self.queues)
@@ -132,26 +115,37 @@ class Supervisor:
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
         self.gate = QueueGate(self.db)
-        self.scheduler = Scheduler(self.db, self.gate, enabled=scheduler)
+        self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
         self.unknown_tasks = UnknownTasks(self.worker_id)
+        worker_timeout = conf.worker_timeout()
         self.writes = JobWrites(
             self.db,
             self.outbox,
             self.log,
             self.unknown_tasks,
             self,
-            worker_timeout=self.worker_timeout,
+            duties=duties,
+            worker_timeout=worker_timeout,
         )
+        self.heartbeats = Heartbeats(
+            self.info,
+            self.db,
+            self.gate,
+            self.pool,
+            self.outbox,
+            self.writes,
+            self.log,
+            interval=conf.heartbeat_interval(),
+            worker_timeout=worker_timeout,
+        )
+        self.runs = Runs(self.pool, self.writes, self.live, self.log, self.observer)
         self.stopping = False
         self.hard_stop = False
         self.grace_deadline: float | None = None
         self.queue_may_have_work = True
         self.next_poll = 0.0
-        self.next_heartbeat = 0.0
-        # No claim before the first heartbeat has registered this worker.
-        self.last_heartbeat_ok = float("-inf")
         self.recovered = False
         self.wake = WakeSocket()
 
@@ -170,7 +164,7 @@ class Supervisor:
         )
         try:
             self.pool.start()
-            self._heartbeat()
+            self.heartbeats.beat()
             while not self._finished():
                 self._step()
             return 1 if self.hard_stop else 0
@@ -217,10 +211,10 @@ class Supervisor:
     def _step(self) -> None:
         now = time.monotonic()
         self.outbox.flush()
-        if now >= self.next_heartbeat:
-            self._heartbeat()
-        if not self.recovered and not self.gate.waiting():
-            self._recover_earlier_boots()
+        if now >= self.heartbeats.next_at:
+            self.heartbeats.beat()
+        if self.duties is not None and not self.recovered and not self.gate.waiting():
+            self.recovered = start_up(self.duties, self.gate, self.info)
         self.scheduler.step(self.stopping)
         if now >= self.next_poll:
             self.queue_may_have_work = True
@@ -242,13 +236,7 @@ class Supervisor:
             return False
         if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
             return False
-        if self.gate.waiting():
-            return False
-        # A worker that cannot prove it is alive may already have been reaped, and its row in
-        # the worker registry deleted: take nothing new until a heartbeat registers it again.
-        # The clock starts when the last good heartbeat was sent, before the database stamped
-        # it, so the worker stops claiming no later than the reaper may judge it gone.
-        return time.monotonic() - self.last_heartbeat_ok <= self.worker_timeout
+        return not self.gate.waiting() and self.heartbeats.alive()
 
     def slot_for_next_job(self) -> Slot | None:
         """The slot a claim made now would fill; ``None`` if no claim is due (see writes.py)."""
@@ -294,7 +282,7 @@ class Supervisor:
             or self.outbox
         ):
             return 0.0
-        moments = [self.next_heartbeat, self.scheduler.due_at]
+        moments = [self.heartbeats.next_at, self.scheduler.due_at]
         if self.grace_deadline is not None:
             moments.append(self.grace_deadline)
         return max(0.0, min(self.long_poll, min(moments) - time.monotonic()))
@@ -312,7 +300,7 @@ class Supervisor:
             self.writes.hand_back(job)
             return False
         self.stats.claimed += 1
-        self._start(slot, job)
+        self.runs.start(slot, job)
         return True
 
     def _poll_interval_now(self) -> float:
@@ -325,34 +313,9 @@ class Supervisor:
             * random.uniform(0.8, 1.2)
         )
 
-    def _start(self, slot: Slot, job: ClaimedJob) -> None:
-        self.observer.claimed(job)
-        self.log.claimed(job)
-        holder = self.pool.holder(job.id)
-        if holder is not None and holder is not slot:
-            # This worker still runs the job under an older lease, which this claim proves lost
-            # (a reaper took the job while heartbeats failed, say). Stop that run, and start
-            # this one only once its executor has exited.
-            assert holder.job is not None
-            logger.warning(
-                "job %d claimed again (attempt %d) while attempt %d still runs here: stopping"
-                " the older run before starting the new one",
-                job.id,
-                job.attempt,
-                holder.job.attempt,
-                extra=self.log.fields(job),
-            )
-            if holder.deferred is not None:
-                self.log.lease_lost(
-                    holder.deferred, "superseded by a newer claim before it started"
-                )
-            self.pool.defer(holder, job)
-            return
-        self.pool.assign(slot, job)
-
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        moments = [self.next_heartbeat, self.scheduler.due_at]
+        moments = [self.heartbeats.next_at, self.scheduler.due_at]
         # While claims are held back (a database backoff, no recent heartbeat, stopping), a
         # poll is no reason to wake: what ends the hold is a moment below, or an event.
         if self._can_claim():
@@ -392,76 +355,9 @@ class Supervisor:
                 # promotes): look again (with the finish, in the same round trip) rather than
                 # wait for a poll.
                 self.queue_may_have_work = True
-                self.live.last(event.watch)
-                self.writes.record(event.job, event.report, event.elapsed)
+                self.runs.reported(event)
             else:
-                self._executor_exited(event)
-
-    def _executor_exited(self, exited: Exited) -> None:
-        job, slot, elapsed = exited.job, exited.slot, exited.elapsed
-        if job is not None and exited.reason != STOP_LEASE_LOST:
-            self.live.last(exited.watch)  # what it wrote up to its end, before that end
-        if job is None:
-            if exited.reason is None and not self.stopping:
-                logger.warning("executor %d exited (%s); replacing it", slot.index, exited.how())
-        elif exited.reason == STOP_SHUTDOWN:
-            self.writes.release(job.lease, self.log.fields(job))
-        elif exited.reason == STOP_LEASE_LOST:
-            self.log.lease_lost(job, "stopped: its lease was lost", elapsed)
-        else:  # timed out, cancelled or crashed: the attempt ends so
-            self.writes.record(job, exited.report(job), elapsed)
-        deferred, slot.deferred = slot.deferred, None
-        if not (self.stopping or self.hard_stop):
-            replacement = self.pool.replace(slot)
-            if deferred is not None:
-                self._start(replacement, deferred)
-        else:
-            self.pool.retire(slot)
-            if deferred is not None:
-                self.writes.release(deferred.lease, self.log.fields(deferred))
-
-    # ------------------------------------------------------------------ heartbeats, recovery
-
-    def _heartbeat(self) -> None:
-        sent = time.monotonic()
-        self.next_heartbeat = sent + self.heartbeat_interval
-        leases = self.pool.leases()
-        unwritten = sorted(self.outbox.unwritten)
-        # Every finish remembered now committed before this heartbeat: if the heartbeat does not
-        # list its job as an orphan, the database still has it, and it need not be kept.
-        remembered = self.writes.remembered
-        beat = self.gate.call("heartbeat", lambda: self.db.heartbeat(self.info, leases, unwritten))
-        if beat is FAILED:
-            # Try again with the same backoff as other writes, not a whole interval later: after
-            # an outage, a lost lease must be noticed (and its executor stopped) soon.
-            self.next_heartbeat = min(self.next_heartbeat, self.gate.retry_at)
-            return
-        self.last_heartbeat_ok = sent
-        self.writes.remembered = {}
-        if beat.orphans:
-            self.writes.recover_orphans(beat.orphans, remembered)
-        for slot in self.pool.running():
-            job = slot.job
-            assert job is not None
-            status = beat.leases.get(job.lease.token) if job.lease.token else None
-            if status is None or not status.held:
-                self.pool.stop(slot, STOP_LEASE_LOST)
-            elif status.cancel_requested:
-                logger.info(
-                    "job %d cancellation requested: stopping it", job.id, extra=self.log.fields(job)
-                )
-                self.pool.stop(slot, STOP_CANCELLED)
-
-    def _recover_earlier_boots(self) -> None:
-        # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
-        # JOBS_QUEUE_LIMITS is written into the queue table at the same time.
-        def start_up() -> None:
-            self.db.recover_earlier_boots(self.info)
-            self.db.sync_queue_limits()
-
-        recovery = self.gate.call("startup recovery", start_up)
-        if recovery is not FAILED:
-            self.recovered = True
+                self.runs.exited(event, stopping=self.stopping or self.hard_stop)
 
     # ------------------------------------------------------------------ signals
 

@@ -20,11 +20,12 @@ from django_jobs.states import Outcome
 from django_jobs.storable import storable_text
 from django_jobs.store import ClaimedJob, Ended, Lease
 from django_jobs.worker import deploys
+from django_jobs.worker.duties import DatabaseDuties
 from django_jobs.worker.executor import Report
 from django_jobs.worker.outbox import Outbox, Write
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import Queue
-from django_jobs.worker.process_pool import Slot
+from django_jobs.worker.slots import Slot
 
 #: Seconds of settling (workflows.Settling) between two looks at the rest of the loop.
 SETTLE_SLICE = 0.05
@@ -66,9 +67,11 @@ class JobWrites:
         unknown_tasks: deploys.UnknownTasks,
         next_job: NextJob,
         *,
+        duties: DatabaseDuties | None,
         worker_timeout: float,
     ) -> None:
         self.db = db
+        self.duties = duties
         self.outbox = outbox
         self.log = log
         self.unknown_tasks = unknown_tasks
@@ -180,14 +183,19 @@ class JobWrites:
 
     def settle(self, job_id: int) -> None:
         """Queue what follows from ``job_id``'s end: after the finish has committed, in
-        statements of their own (workflows.py)."""
+        statements of their own (workflows.py). A worker without a database has nothing to
+        settle: the server did so inside the finish."""
+        duties = self.duties
+        if duties is None:
+            self.next_job.queue_may_have_work = True
+            return
         settling = workflows.Settling.of(job_id)
 
         def run() -> None:
             # One slice at a time: a cascade over a million jobs must not stop heartbeats,
             # timeouts or claims. Its progress is the rows' own states, so a crash midway loses
             # nothing (the reaper's repair pass finishes it).
-            self.db.settle(settling, until=time.monotonic() + SETTLE_SLICE)
+            duties.settle(settling, until=time.monotonic() + SETTLE_SLICE)
             # Settling may have made jobs ready (promoted dependents): claim without waiting.
             self.next_job.queue_may_have_work = True
 

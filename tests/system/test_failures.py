@@ -339,9 +339,9 @@ def test_a_worker_that_cannot_heartbeat_stops_claiming() -> None:
     supervisor = Supervisor(install_signals=False)
     try:
         assert not supervisor._can_claim()  # never registered yet
-        supervisor._heartbeat()
+        supervisor.heartbeats.beat()
         assert supervisor._can_claim()
-        supervisor.last_heartbeat_ok -= supervisor.worker_timeout + 1
+        supervisor.heartbeats.last_ok -= supervisor.heartbeats.worker_timeout + 1
         assert not supervisor._can_claim()
     finally:
         supervisor.db.close()

@@ -79,7 +79,8 @@ class FakeSchedule:
 
 
 class FakeQueue:
-    """The :class:`~django_jobs.worker.postgres_queue.Queue` protocol over a dict of jobs.
+    """The :class:`~django_jobs.worker.postgres_queue.Queue` protocol over a dict of jobs, and
+    the :class:`~django_jobs.worker.duties.DatabaseDuties` of a worker with a database.
 
     ``failures[op, job_id]`` lists errors to raise, in turn, at the next calls of ``op`` (for
     ``job_id``, or ``None`` for a call about no job in particular); while the

@@ -4,6 +4,8 @@ test_api_worker.py)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import socket
 import threading
@@ -268,3 +270,26 @@ def test_the_token_comes_from_its_file_or_the_environment(tmp_path: Path) -> Non
         read_token(str(token_file), {})
     with pytest.raises(InvalidOption, match="http:// or https://"):
         Api("app/jobs/api/", "t")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module the file at ``path`` imports, wherever the import is."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_http_queue_needs_none_of_a_database_workers_features() -> None:
+    # A worker of the API has no database: settling, recovery and schedules are the server's.
+    source = Path(inspect.getfile(HttpQueue))
+    imported = imported_modules(source)
+    features = {"django_jobs.workflows", "django_jobs.schedules", "django_jobs.reaper"}
+    leaks = sorted(
+        name for name in imported if any(name == f or name.startswith(f"{f}.") for f in features)
+    )
+    assert not leaks, f"{source.name} imports {', '.join(leaks)}"

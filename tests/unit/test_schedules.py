@@ -194,11 +194,12 @@ def scheduling_worker(queue: FakeQueue, clock: Clock) -> Supervisor:
         listen=False,
         poll_interval=1.0,
         db=queue,
+        duties=queue,
         pool=FakeExecutors(clock).pool(1),
     )
     worker.scheduler.interval = 30.0
     worker.pool.start()
-    worker._heartbeat()
+    worker.heartbeats.beat()
     return worker
 
 
@@ -260,6 +261,7 @@ def test_no_scheduler_makes_no_schedule_calls(clock: Clock) -> None:
         listen=False,
         poll_interval=1.0,
         db=queue,
+        duties=queue,
         pool=FakeExecutors(clock).pool(1),
         scheduler=False,
     )

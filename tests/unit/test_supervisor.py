@@ -79,6 +79,7 @@ def supervisor(
         listen=False,
         poll_interval=1.0,
         db=queue,
+        duties=queue,
         pool=executors.pool(concurrency),
         **{"scheduler": False, **options},  # the scheduler step: tests/unit/test_schedules.py
     )
@@ -87,7 +88,7 @@ def supervisor(
 def start(worker: Supervisor) -> None:
     """What ``run()`` does before its loop."""
     worker.pool.start()
-    worker._heartbeat()
+    worker.heartbeats.beat()
 
 
 def step_until(worker: Supervisor, done: Callable[[], bool], steps: int = 1000) -> None:
@@ -151,7 +152,7 @@ def test_an_executor_whose_job_lost_its_lease_is_stopped_at_the_next_heartbeat(
 
     first = executors.spawned[0].process
     assert first.terminated and first.exitcode == -15
-    assert worker.heartbeat_interval <= clock.now - started < worker.heartbeat_interval + 1
+    assert worker.heartbeats.interval <= clock.now - started < worker.heartbeats.interval + 1
     assert queue.ops("finish", "release") == []  # the other run owns the job now
     assert worker.stats.lost_leases == 1
     (line,) = [m for m in logs.messages(logging.WARNING) if "lease lost" in m]
@@ -191,7 +192,7 @@ def test_a_running_job_whose_cancellation_was_requested_is_stopped_at_the_next_h
     assert worker.run() == 0
 
     assert job.state == "cancelled" and queue.outcomes[str(job.token)] == "cancelled"
-    assert worker.heartbeat_interval <= clock.now - started < worker.heartbeat_interval + 1
+    assert worker.heartbeats.interval <= clock.now - started < worker.heartbeats.interval + 1
     assert f"job {job.id} cancellation requested: stopping it" in logs.messages()
 
 
@@ -348,7 +349,7 @@ def test_a_finish_the_database_lost_is_written_again_and_an_orphan_is_released(
     queue._set(orphan, "running", 1)
     orphan.worker_id, orphan.token = worker.worker_id, "lost-reply"
 
-    worker._heartbeat()
+    worker.heartbeats.beat()
 
     assert finished.state == "done" and queue.ops("finish")[-1] == ("finish", finished.id)
     assert orphan.state == "pending" and orphan.attempt == 0
@@ -368,8 +369,8 @@ def test_an_idle_worker_long_polls_until_its_next_heartbeat_and_not_while_a_job_
 
     step_until(worker, lambda: queue.waits)
     (claimed_at,) = [at for at, op, _ in queue.calls if op == "claim"]
-    assert queue.waits == [pytest.approx(worker.next_heartbeat - claimed_at)]  # not 30
-    assert 0 < queue.waits[0] <= worker.heartbeat_interval
+    assert queue.waits == [pytest.approx(worker.heartbeats.next_at - claimed_at)]  # not 30
+    assert 0 < queue.waits[0] <= worker.heartbeats.interval
 
     # The wait was the poll: the next claim comes at once. It takes a job; while that runs, a
     # claim for the free slot does not wait (the loop must serve the executor).

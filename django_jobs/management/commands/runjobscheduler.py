@@ -15,6 +15,7 @@ from django_jobs.management.arguments import add_log_arguments, seconds
 from django_jobs.runtime.identity import base_name, new_worker_id
 from django_jobs.schedules.runner import Scheduler
 from django_jobs.store.connection import QueueConnection
+from django_jobs.worker.duties import PostgresDuties
 from django_jobs.worker.postgres_queue import PostgresQueue, QueueGate
 
 logger = logging.getLogger("django_jobs.schedules")
@@ -43,8 +44,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         logs.configure(options["log_level"], options["log_format"])
         name = new_worker_id(base_name(None))
-        queue = PostgresQueue(QueueConnection(conf.database_alias(), f"scheduler:{name}"))
-        scheduler = Scheduler(queue, QueueGate(queue), interval=options["interval"])
+        connection = QueueConnection(conf.database_alias(), f"scheduler:{name}")
+        queue = PostgresQueue(connection)
+        scheduler = Scheduler(
+            PostgresDuties(connection), QueueGate(queue), interval=options["interval"]
+        )
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
