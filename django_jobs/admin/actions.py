@@ -23,7 +23,27 @@ from django_jobs.models.job import Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
 
 
-class JobActions(admin.ModelAdmin):
+class PageButtons(admin.ModelAdmin):
+    """A model admin whose change page shows buttons (``job_buttons`` in its template): those
+    that its ``page_buttons(request, obj)`` returns, as (label, URL) pairs."""
+
+    def page_buttons(self, request: HttpRequest, obj: Any) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        buttons = [] if obj is None else self.page_buttons(request, obj)
+        context = {**(extra_context or {}), "job_buttons": buttons}
+        return super().change_view(request, object_id, form_url, context)
+
+
+class JobActions(PageButtons):
     """The part of :class:`~django_jobs.admin.JobAdmin` that changes jobs: its actions, the
     job page's buttons and their URLs, deletion, and the permissions they check."""
 
@@ -144,27 +164,16 @@ class JobActions(admin.ModelAdmin):
         allowed = getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request)
         return object_button(self, request, Job, pk, action, allowed)
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        job = self.get_object(request, object_id)
+    def page_buttons(self, request: HttpRequest, job: Job) -> list[tuple[str, str]]:
+        """The buttons of ``job``'s page that its state and the user's permissions allow."""
         buttons = []
-        if job is not None:
-            if job.state in RETRY.sources and self.has_retry_permission(request):
-                buttons.append(("Retry", "admin:django_jobs_job_retry"))
-            if job.state in CANCEL.sources and self.has_cancel_permission(request):
-                buttons.append(("Cancel", "admin:django_jobs_job_cancel"))
-            if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
-                buttons.append(("Run now", "admin:django_jobs_job_run_now"))
-        context = {
-            **(extra_context or {}),
-            "job_buttons": [(label, reverse(name, args=[object_id])) for label, name in buttons],
-        }
-        return super().change_view(request, object_id, form_url, context)
+        if job.state in RETRY.sources and self.has_retry_permission(request):
+            buttons.append(("Retry", "admin:django_jobs_job_retry"))
+        if job.state in CANCEL.sources and self.has_cancel_permission(request):
+            buttons.append(("Cancel", "admin:django_jobs_job_cancel"))
+        if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
+            buttons.append(("Run now", "admin:django_jobs_job_run_now"))
+        return [(label, reverse(name, args=[job.pk])) for label, name in buttons]
 
 
 def object_button(

@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
-from django_jobs.admin.actions import object_button
+from django_jobs.admin.actions import PageButtons, object_button
 from django_jobs.admin.display import badge
 from django_jobs.admin.listing import storable
 from django_jobs.admin.masking import masked_json, masked_text
@@ -61,7 +61,7 @@ class RemovedFilter(admin.SimpleListFilter):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(PageButtons):
     form = ScheduleForm
     # The job page's template: its object tools are the buttons passed as ``job_buttons``.
     change_form_template = "admin/django_jobs/job/change_form.html"
@@ -290,24 +290,15 @@ class ScheduleAdmin(admin.ModelAdmin):
         """The buttons on a schedule's page: POST only, same permissions as the actions."""
         return object_button(self, request, Schedule, pk, action, self._allowed(request, action))
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        schedule = self.get_object(request, object_id)
+    def page_buttons(self, request: HttpRequest, schedule: Schedule) -> list[tuple[str, str]]:
+        """The buttons of ``schedule``'s page: pause or resume, and run now, as allowed."""
         buttons = []
-        if schedule is not None:
-            for label, (slug, action) in BUTTONS.items():
-                if label == ("Pause" if schedule.paused else "Resume"):
-                    continue
-                if self._allowed(request, action):
-                    url = reverse(f"admin:{url_name(slug)}", args=[schedule.pk])
-                    buttons.append((label, url))
-        context = {**(extra_context or {}), "job_buttons": buttons}
-        return super().change_view(request, object_id, form_url, context)
+        for label, (slug, action) in BUTTONS.items():
+            if label == ("Pause" if schedule.paused else "Resume"):
+                continue
+            if self._allowed(request, action):
+                buttons.append((label, reverse(f"admin:{url_name(slug)}", args=[schedule.pk])))
+        return buttons
 
 
 #: The buttons of a schedule's page: label → (URL slug, action).
