@@ -197,9 +197,9 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
     }
 
 
-# The claim under queue controls and concurrency limits (queues.py). Each case adds its rows
-# (the 10,000 held-back or paused jobs are ahead of every other ready job in claim order), runs
-# the claims, and removes them again.
+# The claim under queue controls and concurrency limits (queues/controls.py). Each case adds its
+# rows (the 10,000 held-back or paused jobs are ahead of every other ready job in claim order),
+# runs the claims, and removes them again.
 _HELD = """
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, run_after,
                              concurrency_key, concurrency_limit)

@@ -150,7 +150,7 @@ def _transition(
 #: A new job: pending; waiting for its dependencies; or cancelled at once, if one of them has
 #: already ended without success (enqueue.py).
 ENQUEUE = _transition("enqueue", [], [State.PENDING, State.WAITING, State.CANCELLED])
-#: A worker takes a ready job (transitions.claim).
+#: A worker takes a ready job (store.claim).
 CLAIM = _transition("claim", [State.PENDING], [State.RUNNING])
 #: The worker's finish, or the reaper, ends the running attempt: done; waiting for the children
 #: it spawned; cancelled, if asked to; pending again, for a retry; or error.
@@ -163,7 +163,7 @@ END_ATTEMPT = _transition(
 #: lost, a task the worker has not registered.
 RELEASE = _transition("release", [State.RUNNING], [State.PENDING])
 #: Cancel an unfinished job: a queued one ends at once, a running one stays running, flagged,
-#: until its worker stops it and ends the attempt (transitions.cancel_without_cascade, and the
+#: until its worker stops it and ends the attempt (store.cancel_without_cascade, and the
 #: cascade to children in workflows.py).
 CANCEL = _transition("cancel", ACTIVE_STATES, [State.CANCELLED], unchanged=[State.RUNNING])
 #: The queued dependents of a job that ended without success are cancelled (a dependent runs

@@ -153,7 +153,7 @@ class Job(models.Model):
             ),
             # Claim: an ordered scan that stops at the first unlocked ready row, of jobs without
             # a concurrency key only, so that no claim walks past the jobs that wait for a key's
-            # slot (queues.py). Any queue, then one named queue.
+            # slot (queues/controls.py). Any queue, then one named queue.
             models.Index(
                 models.F("priority").desc(),
                 "run_after",

@@ -56,7 +56,8 @@ class QueueSummary(TypedDict):
     workers_alive: int
     #: Jobs of this queue in the django_jobs_stuck_jobs view.
     stuck: int
-    #: The queue's controls (queues.py): paused (by whom, when, why) and its limit (None: none).
+    #: The queue's controls (queues/controls.py): paused (by whom, when, why) and its limit
+    #: (None: none).
     paused: bool
     paused_by: str
     paused_at: datetime | None

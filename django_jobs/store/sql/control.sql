@@ -1,6 +1,6 @@
 -- Operators' actions over a small batch of ids (the admin, Job.cancel(), retry(), run_now()).
 -- Each locks its rows SKIP LOCKED and returns the ids another transaction held as 'busy', for
--- the caller to try again (transitions.until_free).
+-- the caller to try again (store.control.until_free).
 
 -- name: cancel_many
 -- transition: cancel

@@ -1,4 +1,4 @@
--- Queue controls (queues.py): the rows of django_jobs_queue that the claim function reads on
+-- Queue controls (queues/controls.py): the rows of django_jobs_queue that the claim function reads on
 -- every claim (functions/django_jobs_claim_v*.sql). A queue without a row is open and has no limit.
 
 -- name: known_queues

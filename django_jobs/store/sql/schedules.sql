@@ -1,4 +1,4 @@
--- Periodic jobs (schedules.py, ticks.py). A scheduler asks next_due between ticks (one small
+-- Periodic jobs (schedules/declarations.py, schedules/ticks.py). A scheduler asks next_due between ticks (one small
 -- statement on schedule_due_idx); when a schedule is due it handles it in one short
 -- transaction: lock_due_schedule, insert_tick (the unique constraint schedule_tick_once decides
 -- that a tick enqueues once, however many schedulers run), insert_job of enqueue.sql (the same

@@ -2,7 +2,7 @@
 -- The worker's claim (call_claim of claim.sql, which explains the statement). With no queue
 -- paused or limited and no job with a concurrency key waiting, one statement: the branch
 -- claim_any_queue, claim_one_queue or claim_some_queues (store.claim_branch reads each out of
--- this file, for its plan). Otherwise (queues.py explains the rules):
+-- this file, for its plan). Otherwise (queues/controls.py explains the rules):
 --   1. the queue controls: paused queues are closed; each limited queue is locked (an
 --      advisory lock held until the claim commits, taken in name order) and then its running
 --      jobs counted, so claims that might take its last slot take turns and each counts what
