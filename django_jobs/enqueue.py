@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
@@ -23,7 +23,7 @@ from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models.job import Job
 from django_jobs.registry import registry
-from django_jobs.states import ENQUEUE, UNSUCCESSFUL_STATES, State
+from django_jobs.states import UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
 from django_jobs.store import db
 from django_jobs.store.sql import query
@@ -139,10 +139,35 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
     return run_after, 0.0
 
 
-# Bulk enqueue writes its rows with one COPY (after reserve_jobs, see enqueue.sql): their ids,
-# their arguments, and the values they share that differ from the columns' defaults, which
-# enqueue_many names in the column list. The one statement that is not in django_jobs/store/sql/.
-_COPY = ENQUEUE.statement("COPY django_jobs_job ({columns}) FROM STDIN")
+class InsertedJob(NamedTuple):
+    """What ``insert_job`` returns of the row it wrote (and enqueue_many of the rows it
+    reserved): the values the database chose."""
+
+    id: int
+    state: str
+    attempt: int
+    run_after: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    parent_attempt: int | None
+    notified: bool
+
+
+class Reserved(NamedTuple):
+    """What ``reserve_jobs`` returns: the ids and the shared values of a bulk enqueue's rows."""
+
+    ids: list[int]
+    run_after: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    notified: bool
+    parent_attempt: int | None
+
+
+def insert_job(cursor: Cursor, params: dict[str, Any]) -> InsertedJob | None:
+    """Write one job (``insert_job`` of enqueue.sql); ``None`` when its unique key is held by
+    an active job."""
+    return db.fetch_one_as(db.execute(cursor, query("insert_job"), params), InsertedJob)
 
 
 def _check_parent(cursor: Cursor, parent_id: int | None) -> None:
@@ -249,27 +274,26 @@ def job_values(task: Task | str, args: Sequence[Any], kwargs: Mapping[str, Any])
 
 
 def _build(
-    params: dict[str, Any], args: list[Any], kwargs: dict[str, Any], row: Sequence[Any], alias: str
+    params: dict[str, Any], args: list[Any], kwargs: dict[str, Any], row: InsertedJob, alias: str
 ) -> Job:
-    job_id, state, attempt, run_after, created_at, finished_at, parent_attempt, _ = row
     job = Job(
-        id=job_id,
+        id=row.id,
         task=params["task"],
         queue=params["queue"],
         priority=params["priority"],
-        state=state,
+        state=row.state,
         args=args,
         kwargs=kwargs,
-        attempt=attempt,
+        attempt=row.attempt,
         max_attempts=params["max_attempts"],
         timeout=params["timeout"],
-        run_after=run_after,
-        created_at=created_at,
-        finished_at=finished_at,
+        run_after=row.run_after,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
         error=params["reason"],
         cancel_requested=False,
         parent_id=params["parent"],
-        parent_attempt=parent_attempt,
+        parent_attempt=row.parent_attempt,
         unique_key=params["unique_key"],
         progress_message="",
         concurrency_key=params["concurrency_key"],
@@ -304,11 +328,11 @@ def enqueue(
         params.update(args=args_json, kwargs=kwargs_json)
         _check_parent(cursor, params["parent"])
         while True:
-            row = db.execute(cursor, query("insert_job"), params).fetchone()
+            row = insert_job(cursor, params)
             if row is not None:
                 if dependency_ids:
-                    _insert_dependencies(cursor, [row[0]], dependency_ids)
-                    _settle_after_commit(alias, params["state"], [row[0]])
+                    _insert_dependencies(cursor, [row.id], dependency_ids)
+                    _settle_after_commit(alias, params["state"], [row.id])
                 return _build(params, args_value, kwargs_value, row, alias)
             # The unique key is held by an active job: hand that one back. If it ended in the
             # meantime, the key is free again and the insert is retried.
@@ -338,8 +362,15 @@ def enqueue_many(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
         reserve = {**params, "count": len(encoded)}
-        reserved = db.execute(cursor, query("reserve_jobs"), reserve).fetchone()
-        ids, run_after, created_at, finished_at, _, parent_attempt = reserved
+        reserved = db.fetch_one_as(db.execute(cursor, query("reserve_jobs"), reserve), Reserved)
+        assert reserved is not None  # a SELECT without FROM filter: always one row
+        ids, run_after, created_at, finished_at = (
+            reserved.ids,
+            reserved.run_after,
+            reserved.created_at,
+            reserved.finished_at,
+        )
+        parent_attempt = reserved.parent_attempt
         # Rows differ only in id and arguments. The columns they share go in only where they
         # differ from the column's default (NULL, '', or now(), which is the same moment in
         # this transaction), which spares COPY their parsing.
@@ -367,7 +398,7 @@ def enqueue_many(
         columns = [("id", "int8"), ("args", "text"), ("kwargs", "text")]  # JSON text for jsonb
         columns += [(name, type_name) for name, type_name, _ in shared]
         values = tuple(value for _, _, value in shared)
-        statement = _COPY.format(columns=", ".join(name for name, _ in columns))
+        statement = query("copy_jobs").format(columns=", ".join(name for name, _ in columns))
         with db.raw_cursor(cursor).copy(statement) as copy:
             copy.set_types([type_name for _, type_name in columns])
             for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True):
@@ -377,7 +408,9 @@ def enqueue_many(
             _settle_after_commit(alias, params["state"], ids)
             if len(ids) * len(dependency_ids) >= ANALYZE_AFTER:
                 transaction.on_commit(functools.partial(_analyze, alias), using=alias)
-    row = (ids[0], params["state"], 0, run_after, created_at, finished_at, parent_attempt, None)
+    row = InsertedJob(
+        ids[0], params["state"], 0, run_after, created_at, finished_at, parent_attempt, False
+    )
     return _copies(_build(params, [], {}, row, alias), ids, encoded)
 
 

@@ -87,7 +87,9 @@ def fire_due(cursor: Cursor, tasks: list[str], grace: float | None = None) -> Fi
         return done  # nothing due: this one statement was the whole pass
     while done.handled < PASS_LIMIT:
         with db.transaction(cursor):
-            row = db.execute(cursor, query("lock_due_schedule"), {"tasks": tasks}).fetchone()
+            row = db.fetch_one_as(
+                db.execute(cursor, query("lock_due_schedule"), {"tasks": tasks}), Due
+            )
             if row is None:
                 break
             due = _due(row)
@@ -139,10 +141,10 @@ def fire(
     except JobsError as exc:
         logger.error("schedule %s: no job enqueued: %s", due.name, exc)
         return tick[0], None, f"not enqueued: {exc}"
-    inserted = db.execute(cursor, query("insert_job"), values).fetchone()
+    inserted = enqueue.insert_job(cursor, values)
     if inserted is None:
         return tick[0], None, OVERLAP
-    return tick[0], inserted[0], label
+    return tick[0], inserted.id, label
 
 
 def _record(
@@ -170,8 +172,7 @@ def _record(
 # ---------------------------------------------------------------------- operators' actions
 
 
-def _due(row: Any) -> Due:
-    due = Due(*row)
+def _due(due: Due) -> Due:
     # Django's connection hands jsonb over as text (JSONField decodes it); psycopg's, decoded.
     if isinstance(due.args, str) or isinstance(due.kwargs, str):
         due = due._replace(args=_json(due.args), kwargs=_json(due.kwargs))
@@ -183,7 +184,10 @@ def _json(value: Any) -> Any:
 
 
 def _locked(cursor: Cursor, schedule_id: int) -> Due:
-    return _due(db.execute(cursor, query("lock_schedule"), {"id": schedule_id}).fetchone())
+    row = db.fetch_one_as(db.execute(cursor, query("lock_schedule"), {"id": schedule_id}), Due)
+    if row is None:
+        raise JobsError(f"no schedule has id {schedule_id}")
+    return _due(row)
 
 
 # The operators' actions on one schedule, by id: Schedule.pause(), resume(), run_now() and

@@ -291,7 +291,7 @@ def enqueue_many() -> Moves:
 #: from every state.
 EXERCISES: dict[str, Callable[[], Moves]] = {
     "insert_job": enqueue_one,
-    "django_jobs.enqueue._COPY": enqueue_many,
+    "copy_jobs": enqueue_many,
     "django_jobs_claim": claim,
     "django_jobs_finish": finish,
     "reap": reap,

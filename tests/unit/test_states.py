@@ -355,7 +355,7 @@ def test_the_statements_found_are_the_ones_expected() -> None:
     found = {name: t.name for name, (_, t) in declared_statements_by_name().items()}
     assert found == {
         "insert_job": "enqueue",
-        "django_jobs.enqueue._COPY": "enqueue",
+        "copy_jobs": "enqueue",
         # The worker's functions (the newest of functions/*.sql).
         "django_jobs_claim": "claim",
         "django_jobs_finish": "end attempt",

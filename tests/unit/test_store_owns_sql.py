@@ -24,12 +24,6 @@ STATEMENT = re.compile(
 #: Ways around the store: a driver's execute without db.execute's bounded waits, raw ORM SQL.
 AROUND_THE_STORE = re.compile(r"\bcursor\.execute(many)?\(|\.raw\(|\bRawSQL\b|\.extra\(")
 
-#: Modules outside the store that hold SQL text still, each with the text and the reason.
-KNOWN = {
-    # Bulk enqueue's COPY, whose column list enqueue_many fills in per call.
-    "django_jobs/enqueue.py": "COPY django_jobs_job ({columns}) FROM STDIN",
-}
-
 
 def _outside_the_store() -> list[Path]:
     return [
@@ -75,18 +69,13 @@ def test_no_module_outside_the_store_holds_sql_text() -> None:
     held = {}
     for path in _outside_the_store():
         name = str(path.relative_to(ROOT))
-        found = [text for text in sql_text(path.read_text()) if text != KNOWN.get(name)]
+        found = sql_text(path.read_text())
         if found:
             held[name] = found
     assert held == {}, (
         "SQL outside django_jobs/store/: make each statement a named one in"
         " django_jobs/store/sql/ and call it through a function of the store"
     )
-
-
-def test_the_known_exceptions_are_still_there() -> None:
-    for name, text in KNOWN.items():
-        assert text in sql_text((ROOT / name).read_text()), f"{name} no longer holds it: drop it"
 
 
 def test_sql_text_is_told_from_prose_and_docstrings() -> None:

@@ -25,7 +25,7 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
 DO NOTHING
 RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt,
     (CASE WHEN state = 'pending' AND run_after <= now()
-          THEN pg_notify('django_jobs', queue) END) IS NULL
+          THEN pg_notify('django_jobs', queue) END) IS NULL AS notified
 
 -- name: reserve_jobs
 -- Bulk enqueue writes its rows with COPY, the fastest way into a table. First, in this
@@ -34,13 +34,22 @@ RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt
 -- cancelled), and asks for the wake-up of idle workers if the jobs are ready now (delivered at
 -- commit, like every NOTIFY). Then one COPY writes all the rows, in the same transaction.
 SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
-             FROM generate_series(1, %(count)s)),
-       r.run_after, statement_timestamp(), CASE WHEN %(state)s = 'cancelled' THEN now() END,
+             FROM generate_series(1, %(count)s)) AS ids,
+       r.run_after, statement_timestamp() AS created_at,
+       CASE WHEN %(state)s = 'cancelled' THEN now() END AS finished_at,
        (CASE WHEN %(state)s = 'pending' AND r.run_after <= now()
-             THEN pg_notify('django_jobs', %(queue)s) END) IS NULL,
-       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s)
+             THEN pg_notify('django_jobs', %(queue)s) END) IS NULL AS notified,
+       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s) AS parent_attempt
 FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
              AS run_after) r
+
+-- name: copy_jobs
+-- transition: enqueue
+-- Bulk enqueue's rows, after reserve_jobs: their ids, their arguments, and the values they share
+-- that differ from the columns' defaults, which enqueue_many names in the column list
+-- ({columns}, filled in before it runs). Run with psycopg's COPY protocol, in the transaction of
+-- reserve_jobs.
+COPY django_jobs_job ({columns}) FROM STDIN
 
 -- name: read_dependencies
 -- The dependencies' states, read without a lock: the enqueueing transaction may stay open for

@@ -18,7 +18,7 @@ WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at IS NOT NULL
 -- (milliseconds). A row another scheduler has just advanced is read with its new next_run_at
 -- and no longer qualifies. Index: schedule_due_idx.
 SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
-       next_run_at, now()
+       next_run_at, now() AS now
 FROM django_jobs_schedule
 WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at <= now()
   AND task = ANY(%(tasks)s)
@@ -29,7 +29,7 @@ FOR UPDATE SKIP LOCKED
 -- name: lock_schedule
 -- One schedule, locked (run now, pause, resume, an edit), with the clock.
 SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
-       next_run_at, now()
+       next_run_at, now() AS now
 FROM django_jobs_schedule WHERE id = %(id)s
 FOR UPDATE
 
