@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models.base import ModelState
@@ -25,7 +25,7 @@ from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
-from django_jobs.store import db
+from django_jobs.store import db, job_inserts
 from django_jobs.store.sql import query
 
 if TYPE_CHECKING:
@@ -139,37 +139,6 @@ def _run_after_params(run_after: datetime | timedelta | None) -> tuple[datetime 
     return run_after, 0.0
 
 
-class InsertedJob(NamedTuple):
-    """What ``insert_job`` returns of the row it wrote (and enqueue_many of the rows it
-    reserved): the values the database chose."""
-
-    id: int
-    state: str
-    attempt: int
-    run_after: datetime
-    created_at: datetime
-    finished_at: datetime | None
-    parent_attempt: int | None
-    notified: bool
-
-
-class Reserved(NamedTuple):
-    """What ``reserve_jobs`` returns: the ids and the shared values of a bulk enqueue's rows."""
-
-    ids: list[int]
-    run_after: datetime
-    created_at: datetime
-    finished_at: datetime | None
-    notified: bool
-    parent_attempt: int | None
-
-
-def insert_job(cursor: Cursor, params: dict[str, Any]) -> InsertedJob | None:
-    """Write one job (``insert_job`` of enqueue.sql); ``None`` when its unique key is held by
-    an active job."""
-    return db.fetch_one_as(db.execute(cursor, query("insert_job"), params), InsertedJob)
-
-
 def _check_parent(cursor: Cursor, parent_id: int | None) -> None:
     """Raise before anything is written if the parent does not exist (its foreign key is checked
     only at commit, after enqueue would have returned a job)."""
@@ -274,7 +243,11 @@ def job_values(task: Task | str, args: Sequence[Any], kwargs: Mapping[str, Any])
 
 
 def _build(
-    params: dict[str, Any], args: list[Any], kwargs: dict[str, Any], row: InsertedJob, alias: str
+    params: dict[str, Any],
+    args: list[Any],
+    kwargs: dict[str, Any],
+    row: job_inserts.InsertedJob,
+    alias: str,
 ) -> Job:
     job = Job(
         id=row.id,
@@ -328,7 +301,7 @@ def enqueue(
         params.update(args=args_json, kwargs=kwargs_json)
         _check_parent(cursor, params["parent"])
         while True:
-            row = insert_job(cursor, params)
+            row = job_inserts.insert_job(cursor, params)
             if row is not None:
                 if dependency_ids:
                     _insert_dependencies(cursor, [row.id], dependency_ids)
@@ -362,15 +335,9 @@ def enqueue_many(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
         reserve = {**params, "count": len(encoded)}
-        reserved = db.fetch_one_as(db.execute(cursor, query("reserve_jobs"), reserve), Reserved)
-        assert reserved is not None  # a SELECT without FROM filter: always one row
-        ids, run_after, created_at, finished_at = (
-            reserved.ids,
-            reserved.run_after,
-            reserved.created_at,
-            reserved.finished_at,
-        )
-        parent_attempt = reserved.parent_attempt
+        reserved = job_inserts.reserve_jobs(cursor, reserve)
+        ids, run_after, created_at = reserved.ids, reserved.run_after, reserved.created_at
+        finished_at, parent_attempt = reserved.finished_at, reserved.parent_attempt
         # Rows differ only in id and arguments. The columns they share go in only where they
         # differ from the column's default (NULL, '', or now(), which is the same moment in
         # this transaction), which spares COPY their parsing.
@@ -398,17 +365,17 @@ def enqueue_many(
         columns = [("id", "int8"), ("args", "text"), ("kwargs", "text")]  # JSON text for jsonb
         columns += [(name, type_name) for name, type_name, _ in shared]
         values = tuple(value for _, _, value in shared)
-        statement = query("copy_jobs").format(columns=", ".join(name for name, _ in columns))
-        with db.raw_cursor(cursor).copy(statement) as copy:
-            copy.set_types([type_name for _, type_name in columns])
-            for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True):
-                copy.write_row((job_id, args_json, kwargs_json, *values))
+        rows = (
+            (job_id, args_json, kwargs_json, *values)
+            for job_id, (args_json, kwargs_json, _, _) in zip(ids, encoded, strict=True)
+        )
+        job_inserts.copy_jobs(cursor, columns, rows)
         if dependency_ids:
             _insert_dependencies(cursor, ids, dependency_ids)
             _settle_after_commit(alias, params["state"], ids)
             if len(ids) * len(dependency_ids) >= ANALYZE_AFTER:
                 transaction.on_commit(functools.partial(_analyze, alias), using=alias)
-    row = InsertedJob(
+    row = job_inserts.InsertedJob(
         ids[0], params["state"], 0, run_after, created_at, finished_at, parent_attempt, False
     )
     return _copies(_build(params, [], {}, row, alias), ids, encoded)

@@ -29,7 +29,7 @@ from django_jobs.cursor import Cursor
 from django_jobs.exceptions import JobsError
 from django_jobs.schedules import cron
 from django_jobs.schedules.declarations import job_task
-from django_jobs.store import db
+from django_jobs.store import db, job_inserts
 from django_jobs.store.sql import query
 
 logger = logging.getLogger("django_jobs.schedules")
@@ -141,7 +141,7 @@ def fire(
     except JobsError as exc:
         logger.error("schedule %s: no job enqueued: %s", due.name, exc)
         return tick[0], None, f"not enqueued: {exc}"
-    inserted = enqueue.insert_job(cursor, values)
+    inserted = job_inserts.insert_job(cursor, values)
     if inserted is None:
         return tick[0], None, OVERLAP
     return tick[0], inserted.id, label
