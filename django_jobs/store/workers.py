@@ -91,22 +91,9 @@ def unregister_worker(cursor: Cursor, worker_id: str) -> None:
     db.execute(cursor, query("unregister_worker"), {"id": worker_id})
 
 
-@dataclasses.dataclass(frozen=True)
-class RunningJob:
-    lease: Lease
-    task: str
-    max_attempts: int
-    timeout: int | None
-    queue: str
-    running_for: float | None
-    unregistered: bool
-    host: str | None
-    pid: int | None
-    silent_for: float | None
-    overdue: bool
+class RunningJob(NamedTuple):
+    """A running job as the reaper sees it (``running_jobs``, one row, read by column name)."""
 
-
-class _RunningRow(NamedTuple):
     job_id: int
     attempt: int
     worker_id: str
@@ -122,27 +109,16 @@ class _RunningRow(NamedTuple):
     silent_for: float | None
     overdue: bool
 
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.job_id, self.attempt, self.worker_id, self.token)
+
 
 def running_jobs(cursor: Cursor, timeout_grace: float) -> list[RunningJob]:
     """Every running job, with what the reaper judges it by: its worker's silence, whether it
     overran its timeout plus ``timeout_grace``."""
     result = db.execute(cursor, query("running_jobs"), {"timeout_grace": timeout_grace})
-    return [
-        RunningJob(
-            lease=Lease(row.job_id, row.attempt, row.worker_id, row.token),
-            task=row.task,
-            max_attempts=row.max_attempts,
-            timeout=row.timeout,
-            queue=row.queue,
-            running_for=row.running_for,
-            unregistered=row.unregistered,
-            host=row.host,
-            pid=row.pid,
-            silent_for=row.silent_for,
-            overdue=row.overdue,
-        )
-        for row in db.fetch_all_as(result, _RunningRow)
-    ]
+    return db.fetch_all_as(result, RunningJob)
 
 
 def delete_worker_if_idle(cursor: Cursor, worker_id: str, silence: float) -> bool:
