@@ -221,9 +221,16 @@ def pause(schedule_id: int, by: str) -> None:
 
 def resume(schedule_id: int) -> None:
     """Fire the schedule again from its next tick after now: ticks missed meanwhile are not
-    run."""
-    _set_paused(schedule_id, False, "")
-    recompute_next_run(schedule_id)
+    run. One transaction, under the row's lock: a scheduler sees the schedule either paused or
+    resumed with its next tick after now, never resumed with a tick that passed while it was
+    paused."""
+    alias = conf.database_alias()
+    with connections[alias].cursor() as cursor, db.transaction(cursor):
+        due = _locked(cursor, schedule_id)
+        next_run_at = cron.next_fire(due.cron, due.timezone, due.now)
+        db.execute(cursor, query("set_paused"), {"id": schedule_id, "paused": False, "by": ""})
+        params = {"id": schedule_id, "next_run_at": next_run_at, "last_outcome": None}
+        db.execute(cursor, query("set_next_run"), params)
 
 
 def _set_paused(schedule_id: int, paused: bool, by: str) -> None:

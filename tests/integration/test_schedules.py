@@ -5,6 +5,7 @@ pruning. Schedulers here are plain psycopg connections in autocommit, as a worke
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -368,3 +369,35 @@ def test_prune_deletes_old_tick_records_and_jobstats_lists_schedules(scheduler) 
     summary = stats.summary()
     assert [s["name"] for s in summary["schedules"]] == ["pruned"]
     assert "schedules · 1 (0 paused" in stats.render(summary)
+
+
+def _fire_in_a_loop(stop: Any) -> None:
+    conn = connect()
+    try:
+        cursor = conn.cursor()
+        while not stop.is_set():
+            ticks.fire_due(cursor, TASKS)
+    finally:
+        conn.close()
+
+
+def test_a_resume_never_fires_a_tick_that_passed_while_paused() -> None:
+    # A scheduler process fires due ticks in a tight loop while an operator resumes a schedule,
+    # paused with its next tick long past, 100 times. A resume that clears `paused` before it
+    # moves `next_run_at` on lets the scheduler see the passed tick in between, and fire it.
+    schedule = admin_schedule("resumed", "0 5 1 1 *", catch_up="latest")  # next tick: January
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    scheduler = context.Process(target=_fire_in_a_loop, args=(stop,))
+    connection.close()  # the child gets none of this process's connections
+    scheduler.start()
+    try:
+        for _ in range(100):
+            schedule.pause("ops")
+            overdue("resumed", "3 days")
+            schedule.resume()
+    finally:
+        stop.set()
+        scheduler.join(timeout=30)
+    assert scheduler.exitcode == 0
+    assert tick_count("resumed") == 0
