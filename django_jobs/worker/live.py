@@ -23,9 +23,6 @@ from django_jobs.store import Lease, Recorded
 from django_jobs.worker.outbox import Outbox, Write
 from django_jobs.worker.postgres_queue import Queue
 
-#: Where the kept tail starts, a cut is moved to the next line if there is one this close.
-LINE_SEARCH = 1024
-
 
 class Tail:
     """The last ``limit`` bytes of an attempt's output, and how many came before them."""
@@ -34,21 +31,26 @@ class Tail:
         self.limit = limit
         self.buffer = bytearray()
         self.cut = 0
+        #: Whether the kept bytes start a line: the last byte cut was a newline.
+        self.at_line_start = True
 
     def add(self, data: bytes) -> None:
         self.buffer += data
         excess = len(self.buffer) - self.limit
         if excess > 0:
+            self.at_line_start = self.buffer[excess - 1] == ord("\n")
             del self.buffer[:excess]
             self.cut += excess
 
     def text(self) -> str:
-        """The tail as text, secrets masked, after a marker if the start was cut."""
+        """The tail as text, secrets masked, after a marker if the start was cut. A line the cut
+        went through is left out whole, however long: its kept end could be a secret whose key
+        was cut off (``password=`` cut, ``hunter2`` kept), which masking could not know."""
         data, cut = bytes(self.buffer), self.cut
-        if cut:
-            newline = data.find(b"\n", 0, LINE_SEARCH)
-            if newline >= 0:
-                data, cut = data[newline + 1 :], cut + newline + 1
+        if cut and not self.at_line_start:
+            newline = data.find(b"\n")
+            partial = len(data) if newline < 0 else newline + 1
+            data, cut = data[partial:], cut + partial
         text = data.decode("utf-8", "replace")
         if cut:
             text = f"[… {cut:,} earlier bytes cut: the last {self.limit:,} are kept …]\n" + text

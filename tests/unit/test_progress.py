@@ -46,6 +46,23 @@ def test_the_tail_keeps_the_last_bytes_from_a_line_start_with_a_marker() -> None
     assert text.endswith("line 999 password=********\n") and "hunter2" not in text
 
 
+def test_the_tail_never_keeps_the_end_of_a_line_the_cut_went_through() -> None:
+    # The cut falls right after "password=", with no newline near: the bare secret that follows
+    # must not be kept, unmasked, as the first thing of the tail.
+    tail = Tail(4096)
+    tail.add(b"x" * 10_000 + b" password=")
+    tail.add(b"hunter2" + b"y" * 4000 + b"\nlast line\n")
+    text = tail.text()
+    assert "hunter2" not in text and text.endswith("\nlast line\n")
+    assert text.startswith("[… 14,018 earlier bytes cut")
+
+
+def test_a_cut_at_a_line_start_keeps_that_line() -> None:
+    tail = Tail(10)
+    tail.add(b"123456789\nabcdefghi\n")  # the cut takes the first line and its newline
+    assert tail.text().endswith("]\nabcdefghi\n")
+
+
 def test_a_thousand_reports_a_second_make_one_write_per_interval_and_the_last() -> None:
     clock = Clock()
     queue = FakeQueue(clock)
