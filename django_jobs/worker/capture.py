@@ -39,9 +39,13 @@ class Sink:
         self.broken = False
 
     def write(self, text: str) -> None:
-        if self.broken or not text:
+        if text:
+            self.write_bytes(text.encode("utf-8", "backslashreplace"))
+
+    def write_bytes(self, data: bytes) -> None:
+        if self.broken or not data:
             return
-        view = memoryview(text.encode("utf-8", "backslashreplace"))
+        view = memoryview(data)
         while view:
             try:
                 written = os.write(self.fd, view)
@@ -54,11 +58,19 @@ class Sink:
 
 
 class Tee:
-    """A text stream that also copies what is written to a :class:`Sink`."""
+    """A text stream that also copies what is written to a :class:`Sink`; its ``buffer`` (the
+    bytes under ``sys.stdout``) copies what is written there too."""
 
     def __init__(self, stream: TextIO, sink: Sink) -> None:
         self._stream = stream
         self._sink = sink
+        self._buffer: BufferTee | None = None
+
+    @property
+    def buffer(self) -> BufferTee:
+        if self._buffer is None:
+            self._buffer = BufferTee(self._stream, self._sink)
+        return self._buffer
 
     def write(self, text: str) -> int:
         written = self._stream.write(text)
@@ -71,6 +83,30 @@ class Tee:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)  # flush, fileno, encoding, isatty, ...
+
+
+class BufferTee:
+    """``sys.stdout.buffer`` (or stderr's) during an attempt: bytes written there go where they
+    went before, and a copy goes down the pipe."""
+
+    def __init__(self, stream: TextIO, sink: Sink) -> None:
+        self._stream = stream
+        self._raw = stream.buffer  # AttributeError where the stream has none, as before
+        self._sink = sink
+
+    def write(self, data: Any) -> int:
+        # Text printed before these bytes was copied when it was written; the stream's own
+        # order is its business, as without capture.
+        written = self._raw.write(data)
+        self._sink.write_bytes(bytes(data))
+        return int(written)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)  # flush, fileno, raw, ...
 
 
 def _is_workers(record: logging.LogRecord) -> bool:
