@@ -189,8 +189,18 @@ class ScheduleAdmin(PageButtons):
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
         if not change:
             obj.source = "admin"
-        super().save_model(request, obj, form, change)
-        obj.recompute_next_run()
+            super().save_model(request, obj, form, change)
+            obj.recompute_next_run()
+            return
+        # An edit writes only the fields the form changed: a pause, a run or a next tick that a
+        # scheduler or another operator wrote since the form was read stays as they wrote it.
+        # The next run moves only when the time it depends on changed, so a due tick still fires.
+        columns = {field.name for field in Schedule._meta.concrete_fields}
+        changed = [name for name in form.changed_data if name in columns]
+        if changed:
+            obj.save(update_fields=[*changed, "updated_at"])
+        if {"cron", "timezone"} & set(changed):
+            obj.recompute_next_run()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A schedule still declared in code would come back at the next sync.

@@ -296,3 +296,30 @@ def test_the_list_masks_secrets_in_the_last_outcome(superuser) -> None:
 def test_the_list_cannot_be_filtered_on_masked_values(superuser, query) -> None:
     make_schedule(kwargs={"api_key": "sk-live-123"}, last_outcome="password=hunter2")
     assert superuser.get(f"{CHANGELIST}?{query}").status_code == 400
+
+
+def test_an_edit_writes_only_what_it_changed_and_keeps_a_due_tick() -> None:
+    # The operator opened the form; meanwhile another operator paused the schedule, and its
+    # next tick came due. Saving a priority change must undo neither.
+    from django.contrib import admin
+    from django.test import RequestFactory
+
+    schedule = make_schedule(source="admin", cron="0 3 * * *", timezone="UTC")
+    opened = Schedule.objects.get(pk=schedule.pk)  # the row as the form read it
+    Schedule.objects.get(pk=schedule.pk).pause("ops")
+    due = timezone.now() - timedelta(minutes=1)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=due)
+
+    model_admin = admin.site._registry[Schedule]
+    request = RequestFactory().post(change_url(schedule))
+    request.user = User.objects.create_superuser("root", password="x")
+    form_class = model_admin.get_form(request, opened, change=True)
+    data = form_data(name="nightly", cron="0 3 * * *", timezone="UTC", args="[]", kwargs="{}")
+    form = form_class(data={**data, "priority": "5"}, instance=opened)
+    assert form.is_valid(), form.errors
+    model_admin.save_model(request, form.save(commit=False), form, change=True)
+
+    schedule.refresh_from_db()
+    assert schedule.priority == 5
+    assert (schedule.paused, schedule.paused_by) == (True, "ops")
+    assert schedule.next_run_at == due
