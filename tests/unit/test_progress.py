@@ -104,33 +104,35 @@ class Recorded:
         self.sent.append(message)
 
 
-def test_rapid_reports_are_sent_a_few_times_and_the_last_before_the_report() -> None:
+@pytest.mark.parametrize("fail", [False, True])
+def test_rapid_reports_are_sent_a_few_times_and_the_last_before_the_report(fail: bool) -> None:
     conn = Recorded()
     pipe = Pipe(cast(Any, conn))
-    kwargs = {"total": 10_000, "per_second": 1e9}
-    assignment = Assignment(7, "tests.progress", 1, 1, "w", "[]", json.dumps(kwargs))
+    kwargs = {"total": 10_000, "per_second": 1e9, "fail_first": fail}
+    assignment = Assignment(7, "tests.progress", 1, 2, "w", "[]", json.dumps(kwargs))
     started = time.monotonic()
     run_and_report(assignment, pipe, ProgressOut(pipe), None)
     elapsed = time.monotonic() - started
     reports = [m for m in conn.sent if isinstance(m, Progress)]
     # One send per SEND_PROGRESS_EVERY at most while the job ran, and the last at its end.
     assert len(reports) <= elapsed / SEND_PROGRESS_EVERY + 2 and len(reports) < 1_000
-    assert conn.sent[-2:] == [
-        Progress(7, 10_000, 10_000, "item 10000"),
-        Report(7, "done", result_json="10000"),
-    ]
+    last, report = conn.sent[-2:]
+    # The job's last value, then its report, whether it returned or raised halfway.
+    done = 5_000 if fail else 10_000
+    assert last == Progress(7, done, 10_000, f"item {done}")
+    assert isinstance(report, Report) and report.outcome == ("error" if fail else "done")
 
 
 def test_a_report_is_sent_within_the_interval_even_when_no_other_call_follows() -> None:
     conn = Recorded()
     out = ProgressOut(Pipe(cast(Any, conn)), every=0.3)
     context = JobContext(1, "t", 1, 1, "w", report_progress=out)
+    before = time.monotonic()
     context.progress(1, 10)
     wait_for(lambda: conn.sent, timeout=5, interval=0.01)  # the first goes out at once
-    sent_first = time.monotonic()
     context.progress(2, 10)
     assert conn.sent == [Progress(1, 1, 10)]  # held until the interval is over...
     wait_for(lambda: len(conn.sent) == 2, timeout=5, interval=0.01)  # ...then sent unasked
-    assert conn.sent[1] == Progress(1, 2, 10) and time.monotonic() - sent_first >= 0.25
+    assert conn.sent[1] == Progress(1, 2, 10) and time.monotonic() - before >= 0.3
     out.flush()
     assert len(conn.sent) == 2  # nothing was left to send
