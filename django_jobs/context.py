@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
@@ -36,8 +35,10 @@ class JobContext:
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         """Report how far this run has come: ``done`` of ``total`` (``None``: unknown), with a
-        short ``message``. Cheap enough to call per item: the worker writes it at most once per
-        ``JOBS_PROGRESS_INTERVAL``, and the last value when the attempt ends.
+        short ``message``. Cheap enough to call per item (a few µs): the call keeps
+        the latest value, which the executor sends to its worker at most every 20 ms; the
+        worker writes it at most once per ``JOBS_PROGRESS_INTERVAL``, and the last value when
+        the attempt ends.
 
         It never raises: a ``done`` below 0 counts as 0, past ``total`` as ``total``; a message
         is cut at 500 characters; a ``done`` or ``total`` that is not a finite number changes
@@ -48,8 +49,10 @@ class JobContext:
             logger.warning("job %d: %s; the report was ignored", self.job_id, exc)
             return
         if self.report_progress is not None:
-            with contextlib.suppress(OSError):  # the supervisor is gone; the job goes on
+            try:  # not contextlib.suppress, which costs a few tenths of a µs a call
                 self.report_progress(value)
+            except OSError:  # the supervisor is gone; the job goes on
+                return
 
     @property
     def is_last_attempt(self) -> bool:

@@ -61,7 +61,12 @@ def checked(job_id: int, done: Any, total: Any = None, message: Any = "") -> Pro
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    kind = type(value)
+    if kind is int or kind is float:  # the usual case, without the slower ABC check below
+        number = float(value)
+        if math.isfinite(number):
+            return number
+    elif kind is bool or not isinstance(value, numbers.Real):
         raise BadProgress(
             f"progress: {name} must be a number, not {type(value).__name__} ({value!r:.50})"
         )

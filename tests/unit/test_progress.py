@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Any, cast
+
 import pytest
 
 from django_jobs.context import JobContext
 from django_jobs.progress import MESSAGE_CHARS, BadProgress, Progress, checked
 from django_jobs.store import Lease
+from django_jobs.worker.executor import (
+    SEND_PROGRESS_EVERY,
+    Assignment,
+    Pipe,
+    ProgressOut,
+    Report,
+    run_and_report,
+)
 from django_jobs.worker.live import LiveWrites, Tail, Watch
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.postgres_queue import QueueGate
+from tests.conftest import wait_for
 from tests.unit.fakes import Clock, FakeQueue
 
 
@@ -79,3 +92,47 @@ def test_a_thousand_reports_a_second_make_one_write_per_interval_and_the_last() 
     writes = [progress for _, progress, _ in queue.live]
     assert len(writes) == 6  # at 0, 2, 4, 6, 8 s, and the last
     assert writes[-1] == Progress(1, 10_000, 10_000)
+
+
+class Recorded:
+    """The executor's end of a pipe, keeping what is sent down it."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_rapid_reports_are_sent_a_few_times_and_the_last_before_the_report(fail: bool) -> None:
+    conn = Recorded()
+    pipe = Pipe(cast(Any, conn))
+    kwargs = {"total": 10_000, "per_second": 1e9, "fail_first": fail}
+    assignment = Assignment(7, "tests.progress", 1, 2, "w", "[]", json.dumps(kwargs))
+    started = time.monotonic()
+    run_and_report(assignment, pipe, ProgressOut(pipe), None)
+    elapsed = time.monotonic() - started
+    reports = [m for m in conn.sent if isinstance(m, Progress)]
+    # One send per SEND_PROGRESS_EVERY at most while the job ran, and the last at its end.
+    assert len(reports) <= elapsed / SEND_PROGRESS_EVERY + 2 and len(reports) < 1_000
+    last, report = conn.sent[-2:]
+    # The job's last value, then its report, whether it returned or raised halfway.
+    done = 5_000 if fail else 10_000
+    assert last == Progress(7, done, 10_000, f"item {done}")
+    assert isinstance(report, Report) and report.outcome == ("error" if fail else "done")
+
+
+def test_a_report_is_sent_within_the_interval_even_when_no_other_call_follows() -> None:
+    conn = Recorded()
+    out = ProgressOut(Pipe(cast(Any, conn)), every=0.3)
+    context = JobContext(1, "t", 1, 1, "w", report_progress=out)
+    before = time.monotonic()
+    context.progress(1, 10)
+    wait_for(lambda: conn.sent, timeout=5, interval=0.01)  # the first goes out at once
+    context.progress(2, 10)
+    assert conn.sent == [Progress(1, 1, 10)]  # held until the interval is over...
+    wait_for(lambda: len(conn.sent) == 2, timeout=5, interval=0.01)  # ...then sent unasked
+    assert conn.sent[1] == Progress(1, 2, 10) and time.monotonic() - before >= 0.3
+    out.flush()
+    assert len(conn.sent) == 2  # nothing was left to send
