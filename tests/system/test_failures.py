@@ -249,6 +249,27 @@ def test_sigterm_releases_a_long_job_without_using_up_an_attempt(start_worker) -
     assert "released" in worker.output
 
 
+def test_sigterm_to_the_whole_process_group_drains_like_sigterm_to_the_supervisor(
+    start_worker,
+) -> None:
+    # What systemd's KillMode=control-group (its default) and `kill -TERM -PGID` do: every
+    # process of the worker, its executors included, gets the SIGTERM at once. The executors
+    # must leave the shutdown to the supervisor: the job runs on through --grace, then is
+    # released, as after a SIGTERM to the supervisor alone.
+    job = sleep.using(max_attempts=1).enqueue(60)
+    worker = start_worker("--grace", "2", env=FAST)
+    wait_for(lambda: running(job))
+    started = time.monotonic()
+    worker.signal_group(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    stopped_after = time.monotonic() - started
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None), job.error
+    assert job.attempts.get().outcome == "released"
+    assert "released" in worker.output
+    assert 2 <= stopped_after < 10  # the job ran on through the grace period
+
+
 def test_a_second_signal_exits_at_once(start_worker) -> None:
     job = sleep.enqueue(60)
     worker = start_worker("--grace", "60", env=FAST)
