@@ -138,6 +138,22 @@ def test_a_job_past_its_timeout_is_stopped_and_the_worker_goes_on(start_worker) 
     assert after.state == "done"
 
 
+def test_a_timed_out_job_gets_sigterm_first_and_sigkill_after_the_kill_grace(start_worker) -> None:
+    # The supervisor's own stops still reach the job as before: a job that leaves SIGTERM alone
+    # dies of it at once, and one that ignores it is killed JOBS_KILL_GRACE seconds later.
+    slow = sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    stubborn = stubborn_sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    worker = start_worker("--burst", "--concurrency", "2", env={**FAST, "JOBS_KILL_GRACE": "8"})
+    assert worker.wait(timeout=60) == 0, worker.output
+    ran = {}
+    for job in (slow, stubborn):
+        attempt = job.attempts.get()
+        assert attempt.outcome == "timeout"
+        ran[job.pk] = (attempt.finished_at - attempt.started_at).total_seconds()
+    assert ran[slow.pk] < 5  # SIGTERM stopped it, well before the kill grace ran out
+    assert ran[stubborn.pk] >= 1 + 8 - 0.5  # it ignored SIGTERM: SIGKILL, after the kill grace
+
+
 def test_a_timed_out_job_with_attempts_left_is_retried(start_worker) -> None:
     job = sleep.using(timeout=1, max_attempts=2).enqueue(60)
     worker = start_worker("--burst", env=FAST)
