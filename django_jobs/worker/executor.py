@@ -256,13 +256,21 @@ def run_and_report(
 
 
 def executor_main(
-    conn: Connection, output: Connection, databases: dict[str, Any], settings_module: str
+    conn: Connection,
+    output: Connection,
+    databases: dict[str, Any],
+    settings_module: str,
+    stop_requested: Any,
 ) -> None:
     """Entry point of an executor process (started with the ``spawn`` method): jobs come on
     ``conn``, and their reports and progress go back on it; what they print and log goes to
-    ``output``, raw."""
+    ``output``, raw. ``stop_requested`` is a shared byte the supervisor sets before it sends
+    this process SIGTERM (worker/spawn.py)."""
     # Ctrl-C reaches the whole process group; only the supervisor decides what stops a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # So does a SIGTERM to the group (systemd's default KillMode=control-group, kill -TERM
+    # -PGID): the supervisor drains on it, and the job must run on through --grace.
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stop_requested))
     os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
     from django.conf import settings
 
@@ -290,3 +298,17 @@ def executor_main(
             return
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _on_sigterm(stop_requested: Any, signum: int, frame: Any) -> None:
+    """Die of a SIGTERM the supervisor sent, as with no handler; ignore any other.
+
+    The supervisor sets ``stop_requested`` before it sends SIGTERM, so the job is stopped just
+    as it always was: SIGTERM's default action, then SIGKILL after ``JOBS_KILL_GRACE``. A job
+    that installs its own SIGTERM handler replaces this one and sees every SIGTERM, as before.
+    A Python handler runs between bytecodes: a job blocked in C code that retries on EINTR dies
+    only when that call returns, or at the SIGKILL."""
+    if not stop_requested.value:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -2,7 +2,8 @@
 
 Each executor is a fresh interpreter (the ``spawn`` start method: nothing of the supervisor's
 state, its connection included, is inherited), given its pipe to the supervisor, the write end of
-its output pipe, the database settings and the settings module.
+its output pipe, the database settings, the settings module, and the byte of shared memory that
+says the supervisor is stopping it (see :class:`ExecutorProcess`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import multiprocessing
 import os
 from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -23,21 +25,46 @@ from django_jobs.worker.executor import executor_main
 Spawned = tuple[BaseProcess, Connection, Connection | None]
 
 
+class ExecutorProcess(SpawnProcess):
+    """An executor process, which dies of a SIGTERM only when the supervisor sent it.
+
+    A SIGTERM can reach an executor from outside: systemd's default ``KillMode=control-group``
+    and ``kill -TERM -PGID`` signal every process of the worker at once. The executor must then
+    leave the shutdown to the supervisor, which lets the job run on through ``--grace`` and
+    releases it, instead of dying mid-job (the job would end crashed). So :meth:`terminate`, the
+    supervisor's only way of sending SIGTERM to an executor (a timeout, a cancellation, a lost
+    lease, the end of the grace period), first sets :attr:`stop_requested`, a byte of memory
+    shared with the executor, whose SIGTERM handler ignores the signal while it is unset (see
+    :func:`~django_jobs.worker.executor.executor_main`)."""
+
+    def __init__(self, *args: Any, stop_requested: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_requested = stop_requested
+
+    def terminate(self) -> None:
+        self.stop_requested.value = 1
+        super().terminate()
+
+
 def spawn_executor(index: int) -> Spawned:
     """Start executor process ``index``, with its pipe and its output pipe."""
     context = multiprocessing.get_context("spawn")
     parent_conn, child_conn = context.Pipe(duplex=True)
     output, child_output = context.Pipe(duplex=False)
-    process = context.Process(
+    # A plain shared byte, with no lock: one writer (the supervisor), one reader (the executor).
+    stop_requested = context.RawValue("b", 0)
+    process = ExecutorProcess(
         target=executor_main,
         args=(
             child_conn,
             child_output,
             _picklable_databases(),
             os.environ.get("DJANGO_SETTINGS_MODULE", ""),
+            stop_requested,
         ),
         name=f"django-jobs-executor-{index}",
         daemon=True,
+        stop_requested=stop_requested,
     )
     process.start()
     child_conn.close()

@@ -138,6 +138,22 @@ def test_a_job_past_its_timeout_is_stopped_and_the_worker_goes_on(start_worker) 
     assert after.state == "done"
 
 
+def test_a_timed_out_job_gets_sigterm_first_and_sigkill_after_the_kill_grace(start_worker) -> None:
+    # The supervisor's own stops still reach the job as before: a job that leaves SIGTERM alone
+    # dies of it at once, and one that ignores it is killed JOBS_KILL_GRACE seconds later.
+    slow = sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    stubborn = stubborn_sleep.using(timeout=1, max_attempts=1).enqueue(60)
+    worker = start_worker("--burst", "--concurrency", "2", env={**FAST, "JOBS_KILL_GRACE": "8"})
+    assert worker.wait(timeout=60) == 0, worker.output
+    ran = {}
+    for job in (slow, stubborn):
+        attempt = job.attempts.get()
+        assert attempt.outcome == "timeout"
+        ran[job.pk] = (attempt.finished_at - attempt.started_at).total_seconds()
+    assert ran[slow.pk] < 5  # SIGTERM stopped it, well before the kill grace ran out
+    assert ran[stubborn.pk] >= 1 + 8 - 0.5  # it ignored SIGTERM: SIGKILL, after the kill grace
+
+
 def test_a_timed_out_job_with_attempts_left_is_retried(start_worker) -> None:
     job = sleep.using(timeout=1, max_attempts=2).enqueue(60)
     worker = start_worker("--burst", env=FAST)
@@ -247,6 +263,27 @@ def test_sigterm_releases_a_long_job_without_using_up_an_attempt(start_worker) -
     assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None)
     assert job.attempts.get().outcome == "released"
     assert "released" in worker.output
+
+
+def test_sigterm_to_the_whole_process_group_drains_like_sigterm_to_the_supervisor(
+    start_worker,
+) -> None:
+    # What systemd's KillMode=control-group (its default) and `kill -TERM -PGID` do: every
+    # process of the worker, its executors included, gets the SIGTERM at once. The executors
+    # must leave the shutdown to the supervisor: the job runs on through --grace, then is
+    # released, as after a SIGTERM to the supervisor alone.
+    job = sleep.using(max_attempts=1).enqueue(60)
+    worker = start_worker("--grace", "2", env=FAST)
+    wait_for(lambda: running(job))
+    started = time.monotonic()
+    worker.signal_group(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    stopped_after = time.monotonic() - started
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.worker_id) == ("pending", 0, None), job.error
+    assert job.attempts.get().outcome == "released"
+    assert "released" in worker.output
+    assert 2 <= stopped_after < 10  # the job ran on through the grace period
 
 
 def test_a_second_signal_exits_at_once(start_worker) -> None:
