@@ -301,7 +301,7 @@ def scheduler_interval() -> float:
 
 def read_database_alias() -> str:
     """``JOBS_READ_DATABASE``: the database alias of the read-only queries of the admin's
-    dashboard, ``jobstats`` and the readers of :mod:`django_jobs.store.stats` (a streaming replica,
+    dashboard, ``jobstats`` and the readers of :mod:`django_jobs.stats` (a streaming replica,
     say). The job list, the actions and every write stay on ``JOBS_DATABASE``. Default: the
     alias of ``JOBS_DATABASE``."""
     return str(_get("JOBS_READ_DATABASE", None) or database_alias())

@@ -26,7 +26,7 @@ class JobContext:
     attempt: int
     max_attempts: int
     worker_id: str
-    #: The token of the claim this run belongs to (see transitions.Lease).
+    #: The token of the claim this run belongs to (see store.Lease).
     lease: str | None = None
     #: Where :meth:`progress` sends a report: the executor's pipe to its supervisor.
     report_progress: Callable[[Progress], None] | None = dataclasses.field(

@@ -14,6 +14,15 @@ from django_jobs.models.live_worker import Worker
 from django_jobs.models.queue_control import Queue
 from django_jobs.models.schedule import Schedule, ScheduleTick
 
+# The states and outcomes the tables hold, importable from here as they always were.
+from django_jobs.states import (  # noqa: F401
+    ACTIVE_STATES,
+    FAILED_OUTCOMES,
+    TERMINAL_STATES,
+    Outcome,
+    State,
+)
+
 __all__ = [
     "ApiToken",
     "Attempt",

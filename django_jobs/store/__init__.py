@@ -20,7 +20,10 @@ modules:
 - ``live_attempts``: a running attempt's progress and captured log;
 - ``control``: operators' actions over batches of ids (cancel, retry, run now);
 - ``job_reads``: what a running job, and the API serving its worker, read of one job;
-- ``api_tokens``: the API's token lookups, use stamps and revoking.
+- ``job_inserts``: writing new jobs, one row or many (``COPY``);
+- ``api_tokens``: the API's token lookups, use stamps and revoking;
+- ``operations_views`` and ``overview``: reads of the operations views, for ``jobstats``,
+  :mod:`django_jobs.stats` and the admin's dashboard.
 
 No module outside this package holds SQL text (tests/unit/test_store_owns_sql.py). Rows are
 read by column name (``db.fetch_one_as``, ``db.fetch_all_as``) into a NamedTuple or a

@@ -1,5 +1,5 @@
 """What the admin's dashboard page shows, read from the same SQL views as the Grafana dashboard
-(through :mod:`django_jobs.store.stats`)."""
+(through :mod:`django_jobs.store.operations_views`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django_jobs import conf
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
 from django_jobs.sanitize import mask_text
-from django_jobs.store import stats
+from django_jobs.store import operations_views as stats
 
 WINDOW_MINUTES = 60
 REFRESH_SECONDS = 10

@@ -1,4 +1,4 @@
-"""``django_jobs.store.stats`` and ``manage.py jobstats``: the queues at a glance."""
+"""``django_jobs.store.operations_views`` and ``manage.py jobstats``: the queues at a glance."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test.utils import override_settings
 
-from django_jobs.store import stats
+from django_jobs.store import operations_views as stats
 from tests.conftest import ROOT
 
 

@@ -23,7 +23,7 @@ from django_jobs.models import Job, Schedule, ScheduleTick
 from django_jobs.prune import prune
 from django_jobs.registry import registry
 from django_jobs.schedules import declarations, ticks
-from django_jobs.store import stats
+from django_jobs.store import operations_views as stats
 from testproject.testjobs.jobs import nightly
 from tests.conftest import connect
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_jobs.store import stats
+from django_jobs.store import operations_views as stats
 
 
 @pytest.mark.parametrize(

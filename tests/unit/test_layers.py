@@ -68,6 +68,7 @@ LAYERS: list[set[str]] = [
         "management",
         "api",
         "",
+        "stats",
         "schedules",
         "schedules.admin",
         "schedules.forms",
@@ -248,6 +249,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
         "django_jobs.models.attempt",
         "django_jobs.models.dependency",
         "django_jobs.models.live_worker",
+        "django_jobs.states",
         "django_jobs.models.schedule",
         "django_jobs.models.queue_control",
         "django_jobs.models.api_token",
@@ -262,7 +264,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
     assert {"django_jobs.tasks", "django_jobs.exceptions"} <= early["django_jobs"]
     assert early["django_jobs.management.commands.jobstats"] == {
         "django_jobs.management.arguments",
-        "django_jobs.store.stats",
+        "django_jobs.store.operations_views",
     }
     assert "django_jobs.models" not in early["django_jobs.registry"]  # under TYPE_CHECKING
     assert "django_jobs.store" in imports(early=False)["django_jobs.models.job"]

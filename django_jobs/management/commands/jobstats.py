@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs.management.arguments import seconds, whole_number
-from django_jobs.store import stats
+from django_jobs.store import operations_views as stats
 
 
 class Command(BaseCommand):

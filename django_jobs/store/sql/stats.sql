@@ -1,4 +1,4 @@
--- Operations data (store/stats.py): reads of the SQL views of migration 0003, the public contract
+-- Operations data (store/operations_views.py): reads of the SQL views of migration 0003, the public contract
 -- that Grafana also queries (see docs/operations.md).
 
 -- name: view_thresholds
