@@ -8,10 +8,10 @@ import uuid
 import pytest
 from django.db import connection, transaction
 
-from django_jobs import store
+from django_jobs import stats, store
 from django_jobs.models import Job
 from django_jobs.progress import checked
-from django_jobs.store import Lease, stats
+from django_jobs.store import Lease
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
