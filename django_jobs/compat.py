@@ -1,8 +1,8 @@
 """The one place that knows where Django's Tasks framework comes from.
 
 Django 6.0 and newer ship it as ``django.tasks``. On Django 5.2 the ``django-tasks`` backport
-provides the same API as ``django_tasks`` (``pip install "django-jobs[tasks]"``). Everything else
-in django-jobs imports the framework's names from here.
+provides the same API as ``django_tasks`` (``pip install "django-pgjobs[tasks]"``). Everything
+else in django-jobs imports the framework's names from here.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ else:
         raise ImproperlyConfigured(
             f"django_jobs.backend needs Django's Tasks framework: Django 6.0 or newer, or on "
             f"Django {django.get_version()} the django-tasks backport. Install it with "
-            '`pip install "django-jobs[tasks]"`.'
+            '`pip install "django-pgjobs[tasks]"`.'
         ) from exc
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskError

@@ -361,7 +361,7 @@ def _read_kubeconfig(path: Path) -> dict[str, Any]:
         except ValueError:
             raise ImproperlyConfigured(
                 f"reading the YAML kubeconfig {path} needs PyYAML: pip install "
-                "'django-jobs[kubernetes]' (or write the kubeconfig as JSON)"
+                "'django-pgjobs[kubernetes]' (or write the kubeconfig as JSON)"
             ) from None
     return dict(yaml.safe_load(text))
 
