@@ -4,7 +4,9 @@ usage error (exit code 2) instead of a traceback."""
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Callable
+from typing import Any
 
 
 def whole_number(
@@ -59,3 +61,25 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         default="INFO",
         type=str.upper,
     )
+
+
+#: The destinations of the options every Django command takes (``BaseCommand.create_parser``).
+DJANGO_OPTIONS = frozenset(
+    {"verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
+)
+
+
+def add_subcommand(
+    actions: argparse._SubParsersAction[Any], parent: argparse.ArgumentParser, name: str, **kw: Any
+) -> argparse.ArgumentParser:
+    """A subcommand that also takes Django's standard options (``--settings``, ``-v``…) after its
+    name, as users type them: ``jobqueue list -v 2``. The copies default to nothing, so a value
+    given before the subcommand still counts."""
+    sub: argparse.ArgumentParser = actions.add_parser(name, **kw)
+    for action in parent._actions:
+        if action.dest in DJANGO_OPTIONS and action.option_strings:
+            copied = copy.copy(action)
+            copied.default = argparse.SUPPRESS
+            copied.help = argparse.SUPPRESS
+            sub._add_action(copied)
+    return sub

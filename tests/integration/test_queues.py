@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError, call_command, load_command_class
 from django.db import connection
 from django.test import override_settings
 
@@ -295,6 +295,34 @@ def test_jobqueue_pause_list_limit_resume(capsys) -> None:
         call_command("jobqueue", "limit", "imports", "-1")
     with pytest.raises(CommandError, match="whole number"):
         call_command("jobqueue", "limit", "imports", "many")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["-v", "2"],
+        ["--verbosity", "0"],
+        ["--settings", "testproject.settings"],
+        ["--traceback", "--no-color"],
+        ["--pythonpath", "."],
+    ],
+)
+def test_jobqueue_takes_djangos_options_after_the_subcommand(options, capsys) -> None:
+    JobFactory(queue="imports")
+    call_command("jobqueue", "list", *options)
+    call_command("jobqueue", "pause", "imports", *options)
+    call_command("jobqueue", "resume", "imports", *options)
+    call_command("jobqueue", "limit", "imports", "2", *options)
+    out = capsys.readouterr().out
+    assert "imports" in out and "queue imports limit: 2" in out
+
+
+def test_an_option_before_the_subcommand_still_counts(capsys) -> None:
+    command = load_command_class("django_jobs", "jobqueue")
+    parsed = command.create_parser("manage.py", "jobqueue").parse_args(["-v", "3", "list"])
+    assert parsed.verbosity == 3
+    parsed = command.create_parser("manage.py", "jobqueue").parse_args(["list", "-v", "0"])
+    assert parsed.verbosity == 0
 
 
 def test_a_future_job_of_a_key_does_not_hold_its_slot() -> None:

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import queues
 from django_jobs.exceptions import InvalidOption
+from django_jobs.management.arguments import add_subcommand
 from django_jobs.models.queue_control import Queue
 
 
@@ -21,13 +22,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-        pause = actions.add_parser("pause", help="Stop claims from a queue.")
+        pause = add_subcommand(actions, parser, "pause", help="Stop claims from a queue.")
         pause.add_argument("name", help="The queue.")
         pause.add_argument("--reason", default="", help="Why; shown in the admin and Grafana.")
-        resume = actions.add_parser("resume", help="Claim from a paused queue again.")
+        resume = add_subcommand(actions, parser, "resume", help="Claim from a paused queue again.")
         resume.add_argument("name", help="The queue.")
-        limit = actions.add_parser(
-            "limit", help="Cap a queue's running jobs across all workers, or lift the cap."
+        limit = add_subcommand(
+            actions,
+            parser,
+            "limit",
+            help="Cap a queue's running jobs across all workers, or lift the cap.",
         )
         limit.add_argument("name", help="The queue.")
         limit.add_argument(
@@ -35,7 +39,9 @@ class Command(BaseCommand):
             help="A whole number from 1; 'none' lifts the cap; 'settings' goes back to "
             "JOBS_QUEUE_LIMITS.",
         )
-        actions.add_parser("list", help="Every known queue: paused, limit, pending, running.")
+        add_subcommand(
+            actions, parser, "list", help="Every known queue: paused, limit, pending, running."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
