@@ -40,6 +40,7 @@ from django_jobs.exceptions import (
     AttemptTimedOut,
     Fail,
     InvalidOption,
+    InvalidResult,
     JobsError,
     Retry,
 )
@@ -291,7 +292,10 @@ class TaskRunner:
             retried = not isinstance(exc, Fail) and context.attempt < context.max_attempts
             result.errors.append(
                 compat.TaskError(
-                    exception_class_path=_class_path(type(exc)), traceback=format_exception(exc)
+                    exception_class_path=_class_path(
+                        getattr(exc, "reported_as", None) or type(exc)
+                    ),
+                    traceback=format_exception(exc),
                 )
             )
             _update(result, Status.READY if retried else Status.FAILED)
@@ -315,7 +319,9 @@ def _json_value(value: Any) -> Any:
         value = compat.normalize_json(value)
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise Fail(f"the task returned {type(value).__name__}, which is not JSON: {exc}") from exc
+        raise InvalidResult(
+            f"the task returned {type(value).__name__}, which is not JSON: {exc}"
+        ) from exc
     return value
 
 

@@ -7,6 +7,7 @@ raised *by job functions* to steer the retry policy.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import ClassVar
 
 
 class JobsError(Exception):
@@ -26,8 +27,11 @@ class UnknownTask(JobsError, LookupError):
         )
 
 
-class InvalidPayload(JobsError, ValueError):
-    """Job arguments are not plain JSON, or are larger than ``JOBS_MAX_PAYLOAD_BYTES``."""
+class InvalidPayload(JobsError, ValueError, TypeError):
+    """Job arguments are not plain JSON, or are larger than ``JOBS_MAX_PAYLOAD_BYTES``.
+
+    Both a ``ValueError`` and a ``TypeError``: Django's Tasks framework raises ``TypeError`` for
+    an argument JSON cannot hold, and code written for it catches that."""
 
 
 class InvalidOption(JobsError, ValueError):
@@ -73,6 +77,16 @@ class Retry(Exception):
 
 class Fail(Exception):
     """Raise from a job to end it in ``error`` at once, without further retries."""
+
+    #: The class an attempt's error names, when it is not this one's own.
+    reported_as: ClassVar[type[BaseException] | None] = None
+
+
+class InvalidResult(Fail, TypeError):
+    """A task of Django's Tasks framework returned a value that is not JSON: the attempt fails
+    for good, recorded as a ``TypeError``, as the framework's own backends record it."""
+
+    reported_as = TypeError
 
 
 class AttemptInterrupted(JobsError):

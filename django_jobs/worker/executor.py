@@ -239,7 +239,8 @@ def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
 def _summary(exc: BaseException) -> str:
     from django_jobs.sanitize import mask_text
 
-    name = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    kind = getattr(exc, "reported_as", None) or type(exc)
+    name = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
     message = str(exc)
     return mask_text(f"{name}: {message}" if message else name)[:2000]
 

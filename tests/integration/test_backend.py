@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -67,6 +67,17 @@ def test_using_maps_priority_queue_and_run_after_onto_the_job() -> None:
 def test_arguments_must_be_json_and_nothing_is_written_otherwise() -> None:
     with pytest.raises(InvalidPayload, match="not JSON"):
         tasks.add.enqueue(object(), 1)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("argument", [object(), {1, 2}, b"bytes", {"when": datetime.now()}])
+def test_a_non_json_argument_raises_a_type_error_as_the_framework_does(argument) -> None:
+    # Django's Tasks framework raises TypeError ("Unsupported type"); code written for it catches
+    # that, and code written for django-jobs catches InvalidPayload or ValueError.
+    for expected in (TypeError, ValueError, InvalidPayload):
+        with pytest.raises(expected):
+            tasks.add.enqueue(argument, 1)
     assert not Job.objects.exists()
 
 
