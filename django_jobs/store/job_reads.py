@@ -1,11 +1,13 @@
 """What a running job, and the API serving its worker, read of one job: whether the run should
-stop, whether it may spawn children, and the job's task.
+stop, whether it may spawn children, and the job's task; and, for a ``--burst`` worker, when the
+next job becomes ready.
 
 The statements are in django_jobs/store/sql/job_reads.sql.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
@@ -49,3 +51,23 @@ def task_of_job(cursor: Cursor, job_id: int) -> str | None:
     """The task name of the job ``job_id``, or None if there is no such job."""
     row = db.fetch_one_as(db.execute(cursor, query("task_of_job"), {"id": job_id}), _Task)
     return None if row is None else row.task
+
+
+class _Due(NamedTuple):
+    seconds: float | None
+
+
+def next_ready_within(
+    cursor: Cursor, queues: Sequence[str] | None, skip_tasks: Sequence[str], within: float
+) -> float | None:
+    """Seconds until the next pending job of ``queues`` (None: all) in an open queue becomes
+    ready, if one does within ``within`` seconds; else None."""
+    params = {
+        "queues": list(queues) if queues is not None else None,
+        "skip_tasks": list(skip_tasks),
+        "within": within,
+    }
+    row = db.fetch_one_as(db.execute(cursor, query("next_ready_within"), params), _Due)
+    if row is None or row.seconds is None:
+        return None
+    return max(0.0, row.seconds)

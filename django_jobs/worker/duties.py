@@ -10,12 +10,13 @@ otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from django_jobs import queues, workflows
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.schedules import declarations, ticks
-from django_jobs.store import WorkerInfo
+from django_jobs.store import WorkerInfo, job_reads
 from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
@@ -45,6 +46,13 @@ class DatabaseDuties(Protocol):
         """Enqueue the due ticks of the schedules of ``tasks``."""
         ...
 
+    def next_ready_within(
+        self, queues: Sequence[str], skip_tasks: Sequence[str], within: float
+    ) -> float | None:
+        """Seconds until the next job of ``queues`` (all when empty) becomes ready, if one does
+        within ``within`` seconds; else None. For ``--burst-wait``."""
+        ...
+
 
 class PostgresDuties:
     """:class:`DatabaseDuties` over the worker's one connection (autocommit: every statement is
@@ -72,6 +80,12 @@ class PostgresDuties:
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         with self.connection.cursor() as cursor:
             return ticks.fire_due(cursor, tasks)
+
+    def next_ready_within(
+        self, queues: Sequence[str], skip_tasks: Sequence[str], within: float
+    ) -> float | None:
+        with self.connection.cursor() as cursor:
+            return job_reads.next_ready_within(cursor, queues or None, skip_tasks, within)
 
 
 def start_up(duties: DatabaseDuties, gate: QueueGate, worker: WorkerInfo) -> bool:

@@ -74,6 +74,7 @@ class Supervisor:
         concurrency: int = 1,
         name: str | None = None,
         burst: bool = False,
+        burst_wait: float = 0.0,
         max_jobs: int | None = None,
         poll_interval: float | None = None,
         grace: float = 25.0,
@@ -93,6 +94,10 @@ class Supervisor:
         self.name = base_name(name)
         self.worker_id = new_worker_id(self.name)
         self.burst = burst
+        # With burst: also wait for jobs that become ready within this many seconds.
+        self.burst_wait = burst_wait
+        self.burst_checked_poll: float | None = None
+        self.burst_waiting = False
         self.max_jobs = max_jobs
         self.poll_interval = conf.poll_interval() if poll_interval is None else poll_interval
         self.grace = grace
@@ -195,7 +200,29 @@ class Supervisor:
             return True
         if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
             return True
-        return self.burst and not self.queue_may_have_work
+        return self.burst and not self.queue_may_have_work and not self._ready_soon()
+
+    def _ready_soon(self) -> bool:
+        """With ``--burst-wait``: whether a job (a retry waiting out its backoff, a delayed
+        job) becomes ready within the limit. Asked once per poll; the next poll is brought
+        forward to the moment it is ready."""
+        if self.burst_wait <= 0 or self.duties is None:
+            return False
+        if self.burst_checked_poll == self.next_poll:
+            return self.burst_waiting
+        duties = self.duties
+        skip = [*self.unknown_tasks.skip(), *registry.remote_names()]
+        due = self.gate.call(
+            "burst wait",
+            functools.partial(duties.next_ready_within, self.queues, skip, self.burst_wait),
+        )
+        if due is FAILED:
+            return True  # the gate waits for the database; nothing is known yet
+        self.burst_waiting = due is not None
+        if due is not None:
+            self.next_poll = min(self.next_poll, time.monotonic() + due)
+        self.burst_checked_poll = self.next_poll
+        return self.burst_waiting
 
     def _outbox_hopeless(self) -> bool:
         # While stopping, don't wait forever for a database that is gone: the reaper will

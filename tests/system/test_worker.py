@@ -49,6 +49,36 @@ def test_burst_worker_runs_jobs_and_stores_results_and_errors(start_worker) -> N
     assert f"job {ok.pk} done" in worker.output and f"job {bad.pk} ended error" in worker.output
 
 
+def test_burst_wait_drains_retries_in_their_backoff_and_leaves_later_jobs(start_worker) -> None:
+    from testproject.testjobs.jobs import retry_then_succeed
+
+    # Plain --burst exits while the retry waits out its 1 s backoff: documented, and kept.
+    first = retry_then_succeed.enqueue(succeed_on=2)
+    assert start_worker("--burst").wait() == 0
+    first.refresh_from_db()
+    assert (first.state, first.attempt) == ("pending", 1)
+    # --burst-wait drains it, and a job delayed a few seconds, but not one delayed for an hour.
+    soon = echo.using(run_after=timedelta(seconds=2)).enqueue("soon")
+    later = echo.using(run_after=timedelta(hours=1)).enqueue("later")
+    worker = start_worker("--burst", "--burst-wait", "30")
+    assert worker.wait(timeout=60) == 0, worker.output
+    for job, state in [(first, "done"), (soon, "done"), (later, "pending")]:
+        job.refresh_from_db()
+        assert job.state == state, (job, worker.output)
+    assert first.attempt == 2
+
+
+def test_burst_wait_goes_with_burst_and_the_database(start_worker) -> None:
+    for args, words in [
+        (["--burst-wait", "5"], "--burst-wait goes with --burst"),
+        (["--burst", "--burst-wait", "5", "--api", "http://127.0.0.1:1/"], "needs the database"),
+        (["--burst", "--burst-wait", "0"], "must be positive"),
+    ]:
+        worker = start_worker(*args)
+        assert worker.wait(timeout=60) != 0
+        assert words in worker.output, worker.output
+
+
 def test_unknown_tasks_wait_broken_jobs_end_in_error_and_the_worker_goes_on(start_worker) -> None:
     unknown = JobFactory(task="some.module.removed_in_last_deploy", max_attempts=1)
     broken = JobFactory(task="tests.echo", args={"not": "a list"}, max_attempts=1)

@@ -54,7 +54,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Exit once no job is ready and none is running.",
+            help="Exit once no job is ready and none is running. Retries waiting out their "
+            "backoff, and jobs delayed to later, are left for another worker (see --burst-wait).",
+        )
+        parser.add_argument(
+            "--burst-wait",
+            type=seconds(allow_zero=False),
+            default=None,
+            metavar="SECONDS",
+            help="With --burst: drain everything, also waiting for pending jobs that become "
+            "ready within SECONDS (retries in their backoff, delayed jobs) before exiting.",
         )
         parser.add_argument(
             "--max-jobs",
@@ -121,6 +130,13 @@ class Command(BaseCommand):
         api = options["api"]
         if api is None and options["token_file"] is not None:
             raise CommandError("--token-file goes with --api URL")
+        if options["burst_wait"] is not None and not options["burst"]:
+            raise CommandError("--burst-wait goes with --burst")
+        if options["burst_wait"] is not None and api is not None:
+            raise CommandError(
+                "--burst-wait needs the database: a worker of the HTTP API cannot see jobs "
+                "that are not ready yet"
+            )
         queue = None
         if api is not None:
             try:
@@ -135,6 +151,7 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             name=options["worker_id"],
             burst=options["burst"],
+            burst_wait=options["burst_wait"] or 0.0,
             max_jobs=options["max_jobs"],
             poll_interval=options["poll_interval"],
             grace=options["grace"],

@@ -23,3 +23,16 @@ FOR KEY SHARE
 -- The task of a job, whose backoff the API applies to a retryable failure that names no delay.
 -- Index: the job table's primary key.
 SELECT task FROM django_jobs_job WHERE id = %(id)s
+
+-- name: next_ready_within
+-- Seconds until the next pending job of queues (NULL: every queue) that is not paused becomes
+-- ready, if one does within `within` seconds (a retry waiting out its backoff, a delayed job);
+-- no row or a NULL otherwise. Asked by a --burst worker with --burst-wait when it finds nothing
+-- ready, about once per poll interval. Index: job_claim_free_idx / job_claim_free_queue_idx.
+SELECT EXTRACT(EPOCH FROM min(j.run_after) - now())::float8 AS seconds
+FROM django_jobs_job j
+WHERE j.state = 'pending'
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND j.run_after <= now() + make_interval(secs => %(within)s)
+  AND NOT (j.task = ANY(%(skip_tasks)s::text[]))
+  AND NOT EXISTS (SELECT 1 FROM django_jobs_queue q WHERE q.name = j.queue AND q.paused)
