@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import signal
 import time
@@ -75,6 +76,7 @@ class Supervisor:
         name: str | None = None,
         burst: bool = False,
         burst_wait: float = 0.0,
+        alive_file: str | None = None,
         max_jobs: int | None = None,
         poll_interval: float | None = None,
         grace: float = 25.0,
@@ -98,6 +100,9 @@ class Supervisor:
         self.burst_wait = burst_wait
         self.burst_checked_poll: float | None = None
         self.burst_waiting = False
+        # Touched on every turn of the loop, for a container's liveness probe.
+        self.alive_file = alive_file
+        self.alive_touched_at = -1.0
         self.max_jobs = max_jobs
         self.poll_interval = conf.poll_interval() if poll_interval is None else poll_interval
         self.grace = grace
@@ -237,6 +242,8 @@ class Supervisor:
 
     def _step(self) -> None:
         now = time.monotonic()
+        if self.alive_file is not None and now - self.alive_touched_at >= 1.0:
+            self._touch_alive(now)
         self.outbox.flush()
         if now >= self.heartbeats.next_at:
             self.heartbeats.beat()
@@ -257,6 +264,20 @@ class Supervisor:
         self._wait(self._next_timeout())
         self.live.step(self.pool.watches())
         self.pool.enforce_deadlines(self.grace_deadline)
+
+    def _touch_alive(self, now: float) -> None:
+        """Show a liveness probe that this loop turns: database outages included, since the
+        worker rides those out itself; a frozen loop stops touching the file."""
+        self.alive_touched_at = now
+        path = self.alive_file
+        if path is None:
+            return
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError as error:
+            logger.warning("cannot touch --alive-file %s: %s", self.alive_file, error)
+            self.alive_file = None
 
     def _can_claim(self) -> bool:
         if self.stopping or self.hard_stop:

@@ -21,6 +21,7 @@ VIEWS = [
     "django_jobs_recent_failures",
     "django_jobs_schedules",
     "django_jobs_running",
+    "django_jobs_queue_demand",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.
@@ -242,6 +243,10 @@ TYPICAL = {
         "SELECT * FROM django_jobs_throughput WHERE minute >= now() - interval '1 hour'"
     ),
     "django_jobs_task_durations": "SELECT * FROM django_jobs_task_durations",
+    "django_jobs_queue_demand": (
+        "SELECT coalesce(sum(slots_wanted), 0) FROM django_jobs_queue_demand"
+        " WHERE queue IN ('default', 'q1')"
+    ),
     "django_jobs_workers": "SELECT * FROM django_jobs_workers",
     "django_jobs_stuck_jobs": "SELECT * FROM django_jobs_stuck_jobs",
     "django_jobs_recent_failures": (
@@ -261,6 +266,11 @@ INDEXES = {
     "django_jobs_throughput": ["attempt_finished_minute_idx"],
     "django_jobs_task_durations": ["attempt_finished_minute_idx"],
     "django_jobs_workers": [RUNNING],
+    "django_jobs_queue_demand": [
+        ("job_claim_free_queue_idx", "job_claim_free_idx"),
+        "job_claim_key_idx",
+        RUNNING,
+    ],
     "django_jobs_stuck_jobs": [RUNNING, ("job_claim_free_idx", "job_claim_free_queue_idx")],
     "django_jobs_recent_failures": ["attempt_failed_idx"],
 }

@@ -79,6 +79,30 @@ def test_burst_wait_goes_with_burst_and_the_database(start_worker) -> None:
         assert words in worker.output, worker.output
 
 
+def test_the_alive_file_is_touched_while_the_loop_turns_and_not_when_it_stops(
+    start_worker, tmp_path
+) -> None:
+    import os
+    import signal
+
+    alive = tmp_path / "alive"
+    worker = start_worker("--alive-file", str(alive), env={"JOBS_HEARTBEAT_INTERVAL": "0.5"})
+    wait_for(alive.exists)
+    first = alive.stat().st_mtime
+    wait_for(lambda: alive.stat().st_mtime > first + 1, timeout=30)
+    os.kill(worker.proc.pid, signal.SIGSTOP)  # a frozen loop
+    try:
+        time.sleep(0.1)  # a touch already under way lands
+        frozen = alive.stat().st_mtime
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert alive.stat().st_mtime == frozen
+            time.sleep(0.2)
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    wait_for(lambda: alive.stat().st_mtime > frozen, timeout=30)
+
+
 def test_unknown_tasks_wait_broken_jobs_end_in_error_and_the_worker_goes_on(start_worker) -> None:
     unknown = JobFactory(task="some.module.removed_in_last_deploy", max_attempts=1)
     broken = JobFactory(task="tests.echo", args={"not": "a list"}, max_attempts=1)

@@ -66,6 +66,13 @@ class Command(BaseCommand):
             "ready within SECONDS (retries in their backoff, delayed jobs) before exiting.",
         )
         parser.add_argument(
+            "--alive-file",
+            metavar="PATH",
+            help="Touch PATH on every turn of the worker's loop (at least once per heartbeat "
+            "interval), for a liveness probe: a frozen worker stops touching it, a database "
+            "outage does not (see deploy/kubernetes/worker.yaml).",
+        )
+        parser.add_argument(
             "--max-jobs",
             type=whole_number(1),
             default=None,
@@ -152,6 +159,7 @@ class Command(BaseCommand):
             name=options["worker_id"],
             burst=options["burst"],
             burst_wait=options["burst_wait"] or 0.0,
+            alive_file=options["alive_file"],
             max_jobs=options["max_jobs"],
             poll_interval=options["poll_interval"],
             grace=options["grace"],
