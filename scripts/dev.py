@@ -5,6 +5,7 @@
                                         # fires a periodic job), summarize
     python3 scripts/dev.py test [ARGS]  # the whole test suite (ARGS go to pytest)
     python3 scripts/dev.py test unit    # one tier: unit (no database), integration or system
+    python3 scripts/dev.py manage ARGS  # manage.py ARGS on the same database (runserver, shell...)
 
 It creates ``.venv`` with the running Python and installs the project with its test extras
 (again only when pyproject.toml changes). The newest Django for that Python is installed: 5.2 LTS
@@ -212,6 +213,11 @@ def inside(command: str, extra: list[str]) -> int:
             manage("migrate", "--verbosity", "0")
             manage("rundemo", *extra)
             return 0
+        if command == "manage":
+            manage("migrate", "--verbosity", "0")
+            return subprocess.run(
+                [sys.executable, str(ROOT / "manage.py"), *extra], cwd=ROOT, check=False
+            ).returncode
         stop_leftover_pgbouncers()
         say("running the test suite")
         return subprocess.run(
@@ -223,7 +229,7 @@ def inside(command: str, extra: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "_inside"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "manage", "_inside"}:
         print(__doc__)
         return 2
     if sys.argv[1] == "_inside":

@@ -4,10 +4,12 @@ periodic job, then print a summary."""
 from __future__ import annotations
 
 import io
+import secrets
 import time
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count, Max, Min
@@ -48,14 +50,18 @@ class Command(BaseCommand):
         schedule = self.miss_a_tick()
         ids = enqueue_examples(options["count"])
         self.stdout.write(f"Enqueued {len(ids)} example jobs; starting a worker.\n")
-        batch = Job.objects.filter(pk__in=ids)
-        # --burst exits when nothing is ready; failed imports wait out a short retry backoff,
-        # so run bursts until every job of the batch (and the schedule's) is finished.
-        while self.unfinished(batch, schedule):
-            call_command("runjobworker", burst=True, concurrency=options["concurrency"])
-            if self.unfinished(batch, schedule):
-                time.sleep(0.5)
+        # --burst-wait: the worker also waits for the failed imports' retries, whose backoff
+        # is short, and exits once everything is finished.
+        while self.unfinished(Job.objects.filter(pk__in=ids), schedule):
+            call_command(
+                "runjobworker", burst=True, burst_wait=30, concurrency=options["concurrency"]
+            )
         elapsed = time.monotonic() - started
+        # What the worker ran: the example jobs and the schedule's job.
+        schedule.refresh_from_db()
+        if schedule.last_job_id is not None:
+            ids.append(schedule.last_job_id)
+        batch = Job.objects.filter(pk__in=ids)
 
         self.stdout.write("\nSummary")
         self.stdout.write(f"{'task':<40} {'state':<10} {'jobs':>5} {'attempts':>9}")
@@ -80,6 +86,20 @@ class Command(BaseCommand):
             self.stdout.write(f"Example result of job #{example.pk}: {example.result}")
         self.report_progress(batch)
         self.report(schedule)
+        self.next_steps()
+
+    def next_steps(self) -> None:
+        """How to look at what just ran: the admin, with a superuser to log in as."""
+        User = get_user_model()
+        created = ""
+        if not User.objects.filter(is_superuser=True).exists():
+            password = secrets.token_urlsafe(12)
+            User.objects.create_superuser("admin", "admin@example.com", password)
+            created = f" (log in as admin, password {password}: a superuser the demo created)"
+        self.stdout.write(
+            "\nnext: python3 scripts/dev.py manage runserver, and open "
+            f"http://127.0.0.1:8000/admin/django_jobs/job/{created}"
+        )
 
     def report_progress(self, batch: Any) -> None:
         """The catalog sync's progress and the end of its captured log."""
