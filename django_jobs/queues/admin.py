@@ -17,10 +17,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from django_jobs import queues
+from django_jobs import conf, queues
 from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
+from django_jobs.store import db
 
 
 class QueueForm(forms.ModelForm):
@@ -76,6 +77,7 @@ class QueueAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
         # Through queues.set_limit: the same checks as jobqueue, and idle workers are woken.
+        db.commit_durably(conf.database_alias())  # the admin's transaction: a crash keeps it
         queues.set_limit(obj.name, obj.concurrency_limit, source=Queue.LimitSource.ADMIN)
         obj.refresh_from_db()
 

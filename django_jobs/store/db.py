@@ -216,13 +216,14 @@ def atomic(alias: str) -> Iterator[None]:
             yield
 
 
-def commit_durably(cursor: Cursor) -> None:
-    """Make the transaction open on ``cursor``'s connection commit durably (see the module's
-    docstring), for a transaction that belongs to the job system though another layer opened
-    it: the admin's save of one of its rows, say."""
-    raw = raw_cursor(cursor)
-    if not _owned(raw):
-        _client_side(cursor, raw).execute(_DURABLE_COMMIT)
+def commit_durably(alias: str) -> None:
+    """Make the transaction open on Django's connection ``alias`` commit durably (see the
+    module's docstring): for a transaction of the job system's that another layer opened, as the
+    admin's page that saves one of its rows does. Outside a transaction it does nothing."""
+    with connections[alias].cursor() as cursor:
+        raw = raw_cursor(cursor)
+        if not _owned(raw):
+            _client_side(cursor, raw).execute(_DURABLE_COMMIT)
 
 
 @contextlib.contextmanager

@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 
-from django_jobs import queues
+from django_jobs import operator_actions, queues
 from django_jobs.context import JobContext
 from django_jobs.models import Job, Schedule
 from django_jobs.schedules import declarations, ticks
@@ -114,8 +120,8 @@ def running_parent() -> JobContext:
     )
 
 
-def schedule(name: str = "every-minute") -> Schedule:
-    row = Schedule.objects.create(name=name, task="tests.echo", cron="* * * * *")
+def schedule(name: str = "every-minute", **fields: Any) -> Schedule:
+    row = Schedule.objects.create(name=name, task="tests.echo", cron="* * * * *", **fields)
     row.recompute_next_run()
     return row
 
@@ -209,6 +215,43 @@ def _overdue_schedule_and_scheduler() -> psycopg.Cursor[Any]:
     return _scheduler()
 
 
+QUEUE_ADD = reverse("admin:django_jobs_queue_add")
+SCHEDULE_FORM = {
+    "name": "every-minute",
+    "task": "tests.echo",
+    "cron": "* * * * *",
+    "timezone": "UTC",
+    "args": "[]",
+    "kwargs": "{}",
+    "queue": "",
+    "priority": "",
+    "catch_up": "skip",
+    "overlap": "allow",
+}
+FUTURE = timezone.now() + timedelta(days=1)
+
+
+def _change_url() -> str:
+    row = Schedule.objects.get(name="every-minute")
+    return reverse("admin:django_jobs_schedule_change", args=[row.pk])
+
+
+def _saved(admin: Client, url: str, data: dict[str, str]) -> None:
+    response = admin.post(url, data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+
+
+def _admin() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    return client
+
+
+def _jobs(**fields: Any) -> QuerySet[Job]:
+    job = JobFactory(**fields)
+    return Job.objects.filter(pk=job.pk)
+
+
 def _sync_on_django_connection() -> None:
     with connection.cursor() as cursor:
         declarations.sync(cursor)
@@ -226,6 +269,20 @@ OWN: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "schedule sync": (declarations.sync, _scheduler),
     "schedule sync on Django's connection": (lambda _: _sync_on_django_connection(), lambda: None),
     "queue pause": (lambda _: queues.pause("default"), lambda: None),
+    "queue limit in the admin": (
+        lambda admin: _saved(admin, QUEUE_ADD, {"name": "default", "concurrency_limit": "4"}),
+        lambda: _admin(),
+    ),
+    "schedule edit in the admin": (
+        lambda admin: _saved(admin, _change_url(), {**SCHEDULE_FORM, "cron": "5 * * * *"}),
+        lambda: (schedule(source="admin"), _admin())[1],
+    ),
+    "operator retry": (
+        operator_actions.retry,
+        lambda: _jobs(state=Job.State.ERROR, finished_at=timezone.now()),
+    ),
+    "operator cancel": (operator_actions.cancel, lambda: _jobs()),
+    "operator run now": (operator_actions.run_now, lambda: _jobs(run_after=FUTURE)),
     "token revoke": (lambda token: auth.revoke([token.pk]), lambda: auth.create("t2", ["q"])[0]),
 }
 
