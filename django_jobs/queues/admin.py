@@ -83,6 +83,7 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.action(description="Pause selected queues", permissions=["pause"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
         names = list(queryset.values_list("name", flat=True))
         for name in names:
             queues.pause(name, by=request.user.get_username())
@@ -90,6 +91,7 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume selected queues", permissions=["pause"])
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
         names = list(queryset.filter(paused=True).values_list("name", flat=True))
         for name in names:
             queues.resume(name)

@@ -220,7 +220,10 @@ def commit_durably(alias: str) -> None:
     """Make the transaction open on Django's connection ``alias`` commit durably (see the
     module's docstring): for a transaction of the job system's that another layer opened, as the
     admin's page that saves one of its rows does. Outside a transaction it does nothing."""
-    with connections[alias].cursor() as cursor:
+    wrapper = connections[alias]
+    if not wrapper.in_atomic_block and wrapper.get_autocommit():
+        return  # each statement is its own transaction, and the job system's ones are durable
+    with wrapper.cursor() as cursor:
         raw = raw_cursor(cursor)
         if not _owned(raw):
             _client_side(cursor, raw).execute(_DURABLE_COMMIT)

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from django_jobs import operator_actions, queues
 from django_jobs.context import JobContext
-from django_jobs.models import Job, Schedule
+from django_jobs.models import ApiToken, Job, Schedule
 from django_jobs.schedules import declarations, ticks
 from django_jobs.store import db
 from django_jobs.tokens import auth
@@ -314,4 +314,51 @@ def test_a_statement_of_the_job_systems_own_transaction_runs_with_its_settings_w
         later = db.execute(cursor, "SHOW synchronous_commit").fetchone()
         timeout = db.execute(cursor, "SHOW statement_timeout").fetchone()
     assert first == later == ("on",) and timeout != (SESSION["statement_timeout"],)
+    assert shown() == SESSION
+
+
+#: Admin pages that run inside ATOMIC_REQUESTS' transaction, where the site has it on.
+IN_THE_REQUESTS_TRANSACTION: dict[str, tuple[str, dict[str, Any], Callable[[], Any]]] = {
+    "queue pause": (
+        "admin:django_jobs_queue_changelist",
+        {"action": "pause_queues", "_selected_action": ["default"]},
+        lambda: queues.set_limit("default", 2),
+    ),
+    "queue resume": (
+        "admin:django_jobs_queue_changelist",
+        {"action": "resume_queues", "_selected_action": ["default"]},
+        lambda: queues.pause("default"),
+    ),
+    "queue limit": (
+        "admin:django_jobs_queue_add",
+        {"name": "default", "concurrency_limit": "4"},
+        lambda: None,
+    ),
+    "token revoke": (
+        "admin:django_jobs_apitoken_changelist",
+        {"action": "revoke_tokens", "_selected_action": ["1"]},
+        lambda: auth.create("t3", ["q"]),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_THE_REQUESTS_TRANSACTION))
+def test_the_admins_writes_commit_durably_under_atomic_requests(
+    name: str,
+    careless_session: None,
+    commits: Callable[[], set[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, data, setup = IN_THE_REQUESTS_TRANSACTION[name]
+    setup()
+    if name == "token revoke":
+        data = {**data, "_selected_action": [str(ApiToken.objects.get().pk)]}
+    admin = _admin()
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    commits()
+    response = admin.post(reverse(url), data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    written = commits()
+    assert written, "the page wrote nothing"
+    assert {setting for _, setting in written} == {"on"}, written
     assert shown() == SESSION
