@@ -18,10 +18,10 @@ The statements are bound client-side here even when Django's connection binds se
 in one message, and would lose the settings and the single transaction.
 
 A transaction the job system opens itself (:func:`transaction` on an idle connection, or
-:func:`atomic` outside any caller's ``atomic()``) sets the same settings once, with its first
-round trip, for the whole transaction: a tick, a run now, a resume, a schedule sync, a queue's
-resume or limit, an operator's retry or cancel, an enqueue of several rows commits durably like
-a claim does. Its statements then run as they are.
+:func:`atomic` outside any caller's ``atomic()``) sets the same settings once, at its start
+(one statement), for the whole transaction: a tick, a run now, a resume, a schedule sync, a
+queue's resume or limit, an operator's retry or cancel, an enqueue of several rows commits
+durably like a claim does. Its statements then run as they are.
 
 Inside a caller's transaction (``transaction.atomic()``, ``ATOMIC_REQUESTS``, autocommit turned
 off) the statement still runs with the bounded waits, in the same single message: the caller's
