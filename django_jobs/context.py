@@ -8,12 +8,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
 from django_jobs import conf
 from django_jobs.exceptions import SpawnRefused
 from django_jobs.progress import BadProgress, Progress, checked
-from django_jobs.store import job_reads
+from django_jobs.store import db, job_reads
 
 #: The job's own logger (its records are captured with the job's log, see worker/capture.py).
 logger = logging.getLogger("django_jobs.job")
@@ -87,7 +87,7 @@ class JobContext:
         if api is not None:
             return self._spawn_over(api, resolved, args, kwargs)
         alias = conf.database_alias()
-        with transaction.atomic(using=alias):
+        with db.atomic(alias):
             self._check_may_spawn(alias)
             return resolved.using(parent=self.job_id).enqueue(*args, **kwargs)
 

@@ -280,7 +280,7 @@ def _build(
 def _statements(alias: str, several: bool) -> Any:
     """Several statements run in one transaction (a savepoint inside the caller's); a single
     INSERT is atomic by itself and needs no BEGIN/COMMIT round trips."""
-    return transaction.atomic(using=alias) if several else contextlib.nullcontext()
+    return db.atomic(alias) if several else contextlib.nullcontext()
 
 
 def enqueue(
@@ -331,7 +331,7 @@ def enqueue_many(
         return []
     alias = conf.database_alias()
     dependency_ids = _dependency_ids(task)
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with db.atomic(alias), connections[alias].cursor() as cursor:
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
         reserve = {**params, "count": len(encoded)}

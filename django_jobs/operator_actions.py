@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, connections
 from django.db.models import Count, QuerySet
 
 from django_jobs import conf, prune, store, workflows
@@ -28,6 +28,7 @@ from django_jobs.cursor import Cursor
 from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import RETRY
+from django_jobs.store import db
 
 BATCH = workflows.BATCH
 #: At most this many per-job notes go into an action's message.
@@ -111,7 +112,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
         if not budgets:
             return store.Changes()
         try:
-            with transaction.atomic(using=conf.database_alias()):
+            with db.atomic(conf.database_alias()):
                 return store.retry_many(cursor, budgets)
         except IntegrityError:
             # A job with the same unique key was enqueued at this very moment: go one by one,
@@ -119,7 +120,7 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
             result = store.Changes()
             for pk, budget in budgets.items():
                 try:
-                    with transaction.atomic(using=conf.database_alias()):
+                    with db.atomic(conf.database_alias()):
                         one = store.retry_many(cursor, {pk: budget})
                 except IntegrityError:
                     continue

@@ -17,10 +17,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from django_jobs import queues
+from django_jobs import conf, queues
 from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
+from django_jobs.store import db
 
 
 class QueueForm(forms.ModelForm):
@@ -76,11 +77,13 @@ class QueueAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
         # Through queues.set_limit: the same checks as jobqueue, and idle workers are woken.
+        db.commit_durably(conf.database_alias())  # the admin's transaction: a crash keeps it
         queues.set_limit(obj.name, obj.concurrency_limit, source=Queue.LimitSource.ADMIN)
         obj.refresh_from_db()
 
     @admin.action(description="Pause selected queues", permissions=["pause"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
         names = list(queryset.values_list("name", flat=True))
         for name in names:
             queues.pause(name, by=request.user.get_username())
@@ -88,6 +91,7 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume selected queues", permissions=["pause"])
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
         names = list(queryset.filter(paused=True).values_list("name", flat=True))
         for name in names:
             queues.resume(name)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
 from django_jobs import conf
 from django_jobs.cursor import Cursor
@@ -133,7 +133,7 @@ def resume(name: str, alias: str | None = None) -> None:
     """Claim from queue ``name`` again, and wake idle workers to do so."""
     alias = alias or conf.database_alias()
     name = _require_known(name, alias)
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with db.atomic(alias), connections[alias].cursor() as cursor:
         db.execute(cursor, query("resume_queue"), {"name": name})
     log.warning("queue %s resumed", name)
 
@@ -152,7 +152,7 @@ def set_limit(
     limit = check_limit(limit)
     if source == Queue.LimitSource.SETTINGS:
         limit = check_limits(conf.queue_limits()).get(name)
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with db.atomic(alias), connections[alias].cursor() as cursor:
         db.execute(
             cursor,
             query("set_queue_limit"),

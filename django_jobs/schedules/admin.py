@@ -32,6 +32,7 @@ from django_jobs.exceptions import JobsError
 from django_jobs.models.job import Job
 from django_jobs.models.schedule import Schedule
 from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
+from django_jobs.store import db
 
 CODE_NOTE = (
     "Declared in code (JOBS_SCHEDULES or @job(schedule=...)): operators may pause, resume or run "
@@ -187,6 +188,7 @@ class ScheduleAdmin(PageButtons):
         return [*CODE_OWNED, "args_masked", "kwargs_masked", *state]
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        db.commit_durably(conf.database_alias())  # the admin's transaction: a crash keeps it
         if not change:
             obj.source = "admin"
             super().save_model(request, obj, form, change)

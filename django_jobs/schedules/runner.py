@@ -5,7 +5,9 @@ A step runs only when due: at most :func:`~django_jobs.conf.scheduler_interval` 
 due sooner. It uses the connection the worker already has (no connection of its own), holds no
 transaction between steps, and meets database errors at the :class:`QueueGate`, with its
 backoff. The first step syncs the schedules code declares
-(:func:`django_jobs.schedules.declarations.sync`); the others fire due ticks
+(:func:`django_jobs.schedules.declarations.sync`), and so does the first step after a sync or a
+step failed, or after the database was away (a server that crashed or failed over comes back
+with what it had made durable: a sync is cheap, and safe to repeat); the others fire due ticks
 (:func:`django_jobs.schedules.ticks.fire_due`): any number of schedulers may run, each tick
 enqueues once.
 """
@@ -66,6 +68,7 @@ class Scheduler:
             self.due_at = float("inf")  # no more ticks from a worker that is stopping
         if self.gate.waiting():  # the database is away: look again when the queue does
             self.due_at = max(self.due_at, self.gate.retry_at)
+            self.synced = False  # and sync again first: it may come back without the last sync
         duties = self.duties
         if duties is None or now < self.due_at:
             return None
@@ -97,7 +100,9 @@ class Scheduler:
     def _failed(self, now: float) -> None:
         """After a database error: an outage waits for the queue's own backoff (claims and
         heartbeats wait for it too); any other error backs off the scheduler alone, so that a
-        schedule that keeps failing never holds back the worker's jobs."""
+        schedule that keeps failing never holds back the worker's jobs. Either way, the next
+        step syncs again first."""
+        self.synced = False
         if self.gate.queue.broken:
             self.due_at = max(now + LOCKED_RETRY, self.gate.retry_at)
         else:

@@ -17,19 +17,33 @@ The statements are bound client-side here even when Django's connection binds se
 (``OPTIONS["server_side_binding"]``): a server-side binding cursor cannot send several statements
 in one message, and would lose the settings and the single transaction.
 
-Inside a caller's transaction (``transaction.atomic()``, ``ATOMIC_REQUESTS``) the statement still
-runs with the bounded waits, in the same single message: the caller's own values are saved
-before, and put back after it, so the rest of the caller's transaction is not changed behind its
-back. Its commit, and so its durability, stays the caller's.
+A transaction the job system opens itself (:func:`transaction` on an idle connection, or
+:func:`atomic` outside any caller's ``atomic()``) sets the same settings once, at its start
+(one statement), for the whole transaction: a tick, a run now, a resume, a schedule sync, a
+queue's resume or limit, an operator's retry or cancel, an enqueue of several rows commits
+durably like a claim does. Its statements then run as they are.
+
+Inside a caller's transaction (``transaction.atomic()``, ``ATOMIC_REQUESTS``, autocommit turned
+off) the statement still runs with the bounded waits, in the same single message: the caller's
+own values are saved before, and put back after it, so the rest of the caller's transaction is
+not changed behind its back. ``synchronous_commit`` is not touched there: the caller's commit,
+and so its durability, stays the caller's. "Inside a caller's transaction" is read from Django's
+own state (``in_atomic_block``) and the driver's autocommit, never from the server's transaction
+status alone: Django sends its BEGIN only with the first statement of the block, so the first
+statement of an ``atomic()`` finds the connection idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from django.db import connections
+from django.db import transaction as django_transaction
 
 from django_jobs import conf
 from django_jobs.cursor import Cursor
@@ -88,8 +102,26 @@ def _columns(cursor: Cursor, row_type: type[Any]) -> list[str]:
     return names
 
 
-def _own_transaction(raw: Any) -> bool:
-    return bool(raw.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+#: The driver connections now inside a transaction that the job system opened itself and set
+#: up (see :func:`transaction` and :func:`atomic`): their statements run as they are.
+_OWNED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _owned(raw: Any) -> bool:
+    return raw.connection in _OWNED
+
+
+def _in_callers_transaction(cursor: Cursor, raw: Any) -> bool:
+    """Whether ``cursor``'s statements run inside a transaction that the caller opened (and
+    will commit or roll back); see the module's docstring."""
+    connection = raw.connection
+    if connection in _OWNED:
+        return False
+    wrapper = getattr(cursor, "db", None)  # Django's connection, behind a CursorWrapper
+    if wrapper is not None and getattr(wrapper, "in_atomic_block", False):
+        return True
+    idle = connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    return not (connection.autocommit and idle)
 
 
 def _client_side(cursor: Cursor, raw: Any) -> Any:
@@ -104,7 +136,9 @@ def execute(cursor: Cursor, sql: str, params: Any = None) -> Any:
     see above); return the cursor that holds its rows (``cursor``, or one on its connection)."""
     raw = raw_cursor(cursor)
     sender = _client_side(cursor, raw)
-    if _own_transaction(raw):
+    if _owned(raw):  # the transaction's settings are in place since its start
+        sender.execute(sql, params)
+    elif not _in_callers_transaction(cursor, raw):
         sender.execute(_settings_statement() + "; " + sql, params)
         raw_cursor(sender).nextset()  # step past the settings to the statement's own result
     else:
@@ -141,11 +175,79 @@ _RESTORE = "SELECT " + ", ".join(
 )
 
 
-def transaction(cursor: Cursor) -> Any:
+@contextlib.contextmanager
+def transaction(cursor: Cursor) -> Iterator[None]:
     """One transaction on ``cursor``'s connection (Django's or a worker's own), as a context
-    manager: committed at its end, rolled back on an error; a savepoint inside a transaction
-    already open."""
-    return raw_cursor(cursor).connection.transaction()
+    manager: committed at its end, rolled back on an error. On an idle connection it is the job
+    system's own, with bounded waits and a durable commit (see the module's docstring); inside a
+    transaction already open, the caller's or the job system's, it is a savepoint of it."""
+    raw = raw_cursor(cursor)
+    connection = raw.connection
+    if not _owned(raw) and not _in_callers_transaction(cursor, raw):
+        with connection.transaction(), _owning(connection):
+            _set_up(cursor, raw)
+            yield
+        return
+    if connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        # Inside a caller's atomic() that has sent nothing yet: open it now (the driver sends
+        # the caller's BEGIN with this statement), so that what follows is a savepoint of the
+        # caller's transaction, not a transaction of its own committed before the caller's.
+        _client_side(cursor, raw).execute(_OPEN_CALLERS_TRANSACTION)
+    with connection.transaction():
+        yield
+
+
+@contextlib.contextmanager
+def atomic(alias: str) -> Iterator[None]:
+    """``transaction.atomic(using=alias)`` for a transaction that the job system opens itself:
+    outside any caller's transaction, its settings (bounded waits, a durable commit) are set once
+    at its start; inside a caller's transaction it is only a savepoint, committed with the
+    caller's."""
+    wrapper = connections[alias]
+    outer = not wrapper.in_atomic_block and wrapper.get_autocommit()
+    with django_transaction.atomic(using=alias):
+        if not outer:
+            yield
+            return
+        with wrapper.cursor() as cursor:
+            raw = raw_cursor(cursor)
+            _set_up(cursor, raw)
+        with _owning(raw.connection):
+            yield
+
+
+def commit_durably(alias: str) -> None:
+    """Make the transaction open on Django's connection ``alias`` commit durably (see the
+    module's docstring): for a transaction of the job system's that another layer opened, as the
+    admin's page that saves one of its rows does. Outside a transaction it does nothing."""
+    wrapper = connections[alias]
+    if not wrapper.in_atomic_block and wrapper.get_autocommit():
+        return  # each statement is its own transaction, and the job system's ones are durable
+    with wrapper.cursor() as cursor:
+        raw = raw_cursor(cursor)
+        if not _owned(raw):
+            _client_side(cursor, raw).execute(_DURABLE_COMMIT)
+
+
+@contextlib.contextmanager
+def _owning(connection: Any) -> Iterator[None]:
+    _OWNED.add(connection)
+    try:
+        yield
+    finally:
+        _OWNED.discard(connection)
+
+
+def _set_up(cursor: Cursor, raw: Any) -> None:
+    """The settings of the job system's own transaction, local to it (its first round trip)."""
+    _client_side(cursor, raw).execute(_settings_statement())
+
+
+_OPEN_CALLERS_TRANSACTION = "SELECT 1"
+_DURABLE_COMMIT = (
+    "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')"
+    " THEN set_config('synchronous_commit', 'on', true) END"
+)
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -159,13 +261,13 @@ def is_timeout(exc: BaseException) -> bool:
 def execute_together(cursor: Cursor, statements: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     """Run several statements as one transaction in one round trip; return each one's rows.
 
-        Like :func:`execute`, with bounded waits and a durable commit, when the connection is idle:
-        the statements are bound here and sent as one simple-query message, which PostgreSQL runs as
-        a single implicit transaction. Inside a caller's transaction they run one after the other,
-    each as :func:`execute` runs it.
+    Like :func:`execute`, with bounded waits and a durable commit, when the connection is idle:
+    the statements are bound here and sent as one simple-query message, which PostgreSQL runs as
+    a single implicit transaction. Inside a transaction already open they run one after the
+    other, each as :func:`execute` runs it.
     """
     raw = raw_cursor(cursor)
-    if not _own_transaction(raw):
+    if _owned(raw) or _in_callers_transaction(cursor, raw):
         return [execute(cursor, sql, params).fetchall() for sql, params in statements]
     sender = _client_side(cursor, raw)
     driver = raw_cursor(sender)

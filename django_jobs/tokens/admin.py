@@ -11,7 +11,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from django_jobs import conf
 from django_jobs.models.api_token import ApiToken
+from django_jobs.store import db
 from django_jobs.tokens import auth
 
 FIELDS = ("name", "prefix", "queues", "can_enqueue", "created_at", "created_by", "last_used_at",
@@ -43,6 +45,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
         count = auth.revoke(list(queryset.values_list("pk", flat=True)))
         self.message_user(
             request,

@@ -243,6 +243,28 @@ def test_an_outage_backs_the_scheduler_off_and_the_missed_tick_fires_once(clock:
     assert schedule.fired[1:] == pytest.approx([1130, 1190], abs=2 * SLACK)
 
 
+def test_a_failed_sync_is_retried_and_a_scheduler_syncs_again_after_an_outage(
+    clock: Clock,
+) -> None:
+    queue = FakeQueue(clock)
+    schedule = FakeSchedule("m", every=60.0, due=1010.0)
+    queue.schedules.append(schedule)
+    queue.failures["sync_schedules", None] = [psycopg.errors.DivisionByZero("bad")] * 2
+    worker = scheduling_worker(queue, clock)
+
+    run_for(worker, clock, 100)
+    syncs = [at for at, op, _ in queue.calls if op == "sync_schedules"]
+    assert len(syncs) == 3  # two failed, then one that held: not once per process
+    assert schedule.fired and schedule.fired[0] >= syncs[-1]  # ticks fire after a sync held
+
+    queue.down_until = clock.now + 30  # the server crashed, or failed over, and came back
+    run_for(worker, clock, 120)
+    after = [at for at, op, _ in queue.calls if op == "sync_schedules"][3:]
+    assert len(after) == 1 and after[0] >= queue.down_until  # synced again, once, when back
+    fires = [at for at, op, _ in queue.calls if op == "fire_schedules" and at > after[0]]
+    assert fires and min(fires) >= after[0]
+
+
 def test_a_stopping_worker_fires_no_more_ticks(clock: Clock) -> None:
     queue = FakeQueue(clock)
     schedule = FakeSchedule("m", every=60.0, due=1010.0)
