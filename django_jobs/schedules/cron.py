@@ -37,6 +37,8 @@ MAX_COUNTED = 1000
 
 CATCH_UP_SKIP, CATCH_UP_LATEST = "skip", "latest"
 OVERLAP_ALLOW, OVERLAP_SKIP = "allow", "skip"
+#: What a tick does while the queue of its job is paused.
+QUEUE_PAUSED_SKIP, QUEUE_PAUSED_ENQUEUE = "skip", "enqueue"
 
 
 def expand(expression: str) -> str:

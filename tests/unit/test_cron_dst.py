@@ -17,6 +17,7 @@ over windows of 60 hours, for fixed expressions and for expressions drawn at ran
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -273,5 +274,5 @@ def test_a_missing_time_on_its_one_day_fires_in_order() -> None:
 def test_hourly_expressions_keep_their_real_interval() -> None:
     for day in (SPRING, AUTUMN):
         got = runs_on("*/30 * * * *", "Europe/Berlin", day)
-        gaps = {b - a for a, b in zip(got, got[1:], strict=False)}
+        gaps = {b - a for a, b in itertools.pairwise(got)}
         assert gaps == {timedelta(minutes=30)}
