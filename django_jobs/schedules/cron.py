@@ -100,7 +100,12 @@ def fires(expression: str, timezone: str, after: datetime) -> Iterator[datetime]
     tz = zone(timezone)
     text = expand(expression)
     hourly = _every_hour(text)
-    start = after.astimezone(tz).replace(tzinfo=None, microsecond=0) - SHIFT_MARGIN
+    local = after.astimezone(tz)
+    # The wall times to look at start at the clock's time now, or, when the clocks go back
+    # within the next hours, as far back as they go: the repeated times come again.
+    soon = (after + SHIFT_MARGIN).astimezone(tz)
+    back = (local.utcoffset() or timedelta(0)) - (soon.utcoffset() or timedelta(0))
+    start = local.replace(tzinfo=None, microsecond=0) - max(back, timedelta(0))
     later: list[datetime] = []  # second passes of repeated times (hourly): after the first
     last = after
     for wall in CronSim(text, start):

@@ -227,6 +227,46 @@ def test_random_expressions_follow_the_dst_rule(zone: str) -> None:
         check(expression, zone)
 
 
+@pytest.mark.parametrize("zone", ZONES[:4])
+@pytest.mark.parametrize(
+    "expression", ["*/15 2 * * *", "30 2 * * *", "*/20 * * * *", "5,35 * * * *", "0 0 * * *"]
+)
+def test_the_next_fire_time_from_any_moment_near_a_change_is_the_references(
+    expression: str, zone: str
+) -> None:
+    # A scheduler asks for the next time after each tick, at any moment: in the hour before a
+    # change, in either pass of a repeated hour, right after a jump.
+    for change in changes(zone):
+        start, end = change - timedelta(hours=30), change + timedelta(hours=30)
+        expected = reference(expression, zone, start, end)
+        moment = change - timedelta(hours=4)
+        while moment < change + timedelta(hours=4):
+            following = next(t for t in expected if t > moment)
+            assert cron.next_fire(expression, zone, moment) == following, f"after {moment}"
+            moment += timedelta(minutes=7, seconds=13)
+
+
+@pytest.mark.parametrize("zone", ZONES[:4])
+@pytest.mark.parametrize("expression", ["* 2 * * *", "*/20 * * * *", "30 2 * * *"])
+def test_after_a_long_downtime_the_latest_tick_is_the_references(
+    expression: str, zone: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over cron.MAX_COUNTED missed ticks (10 here), the latest is found without counting them.
+    monkeypatch.setattr(cron, "MAX_COUNTED", 10)
+    for change in changes(zone):
+        start, end = change - timedelta(hours=30), change + timedelta(hours=30)
+        expected = reference(expression, zone, start, end)
+        moment = change - timedelta(hours=3)
+        while moment < change + timedelta(hours=3):
+            latest = [t for t in expected if t <= moment][-1]
+            due_at = cron.next_fire(expression, zone, moment - timedelta(days=30))
+            plan = cron.plan(expression, zone, due_at, moment, cron.CATCH_UP_LATEST, 0)
+            assert plan.skipped >= cron.MAX_COUNTED
+            assert plan.fire_at == latest, f"at {moment}"
+            assert plan.next_run_at == next(t for t in expected if t > moment)
+            moment += timedelta(minutes=17, seconds=29)
+
+
 # ---------------------------------------------------------------------- the table
 
 
