@@ -267,8 +267,10 @@ def edit(schedule_id: int, changes: Mapping[str, Any]) -> None:
     else, in one statement under the row's lock, so that a pause, a run or a tick written since
     the edit began stays. The next tick moves only when the cron expression or the time zone
     changed, to the first tick after now of the new ones, and not even then while a tick is due
-    and not yet fired: that one still fires. Raises
-    :class:`~django_jobs.exceptions.InvalidOption` if the new expression or zone is invalid."""
+    and not yet fired: that one still fires. The values are checked by the caller (the admin's
+    form runs :func:`~django_jobs.schedules.declarations.validate_schedule`); an invalid new
+    expression or zone raises :class:`~django_jobs.exceptions.InvalidOption` here all the same,
+    and changes nothing."""
     unknown = sorted(set(changes) - set(EDITABLE))
     if unknown:
         raise JobsError(f"cannot edit {', '.join(unknown)}: editable are {', '.join(EDITABLE)}")
