@@ -26,6 +26,10 @@ class Schedule(models.Model):
         ALLOW = "allow", "allow"
         SKIP = "skip", "skip while the previous run is active"
 
+    class WhenQueuePaused(models.TextChoices):
+        SKIP = "skip", "skip the tick (recorded as queue paused)"
+        ENQUEUE = "enqueue", "enqueue the job all the same"
+
     class Source(models.TextChoices):
         CODE = "code", "code"
         ADMIN = "admin", "admin"
@@ -44,6 +48,13 @@ class Schedule(models.Model):
     priority = models.IntegerField(null=True, blank=True, help_text="Empty: the task's.")
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)
+    when_queue_paused = models.CharField(
+        max_length=10,
+        choices=WhenQueuePaused.choices,
+        default=WhenQueuePaused.SKIP,
+        db_default=WhenQueuePaused.SKIP,
+        help_text="What a tick does while the job's queue is paused.",
+    )
     paused = models.BooleanField(default=False)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, blank=True, default="")
@@ -113,6 +124,7 @@ class ScheduleTick(models.Model):
         ENQUEUED = "enqueued"
         OVERLAP = "skipped: previous run active"
         RUN_NOW = "run now"
+        QUEUE_PAUSED = "skipped: queue paused"
 
     schedule = models.ForeignKey(
         Schedule,

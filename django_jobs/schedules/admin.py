@@ -31,7 +31,9 @@ from django_jobs.admin.masking import masked_json, masked_text
 from django_jobs.exceptions import JobsError
 from django_jobs.models.job import Job
 from django_jobs.models.schedule import Schedule
+from django_jobs.schedules import ticks
 from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
+from django_jobs.schedules.ticks import EDITABLE
 from django_jobs.store import db
 
 CODE_NOTE = (
@@ -169,7 +171,7 @@ class ScheduleAdmin(PageButtons):
                 ("cron", "timezone"),
                 *payload,
                 ("queue", "priority"),
-                ("catch_up", "overlap"),
+                ("catch_up", "overlap", "when_queue_paused"),
             ]
         }
         if obj is not None and obj.source == "code":
@@ -194,15 +196,14 @@ class ScheduleAdmin(PageButtons):
             super().save_model(request, obj, form, change)
             obj.recompute_next_run()
             return
-        # An edit writes only the fields the form changed: a pause, a run or a next tick that a
-        # scheduler or another operator wrote since the form was read stays as they wrote it.
-        # The next run moves only when the time it depends on changed, so a due tick still fires.
-        columns = {field.name for field in Schedule._meta.concrete_fields}
-        changed = [name for name in form.changed_data if name in columns]
+        # An edit writes only the fields the form changed, in one statement under the row's
+        # lock: a pause, a run or a next tick that a scheduler or another operator wrote since
+        # the form was read stays as they wrote it. The next run moves only when the time it
+        # depends on changed, and a tick already due still fires (ticks.edit).
+        changed = {name: getattr(obj, name) for name in form.changed_data if name in EDITABLE}
         if changed:
-            obj.save(update_fields=[*changed, "updated_at"])
-        if {"cron", "timezone"} & set(changed):
-            obj.recompute_next_run()
+            ticks.edit(obj.pk, changed)
+        obj.refresh_from_db()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A schedule still declared in code would come back at the next sync.

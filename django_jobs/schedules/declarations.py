@@ -30,9 +30,31 @@ from django_jobs.store import db
 from django_jobs.store.sql import query
 
 #: The keys a JOBS_SCHEDULES entry may have.
-KEYS = {"task", "cron", "args", "kwargs", "timezone", "queue", "priority", "catch_up", "overlap"}
+KEYS = {
+    "task",
+    "cron",
+    "args",
+    "kwargs",
+    "timezone",
+    "queue",
+    "priority",
+    "catch_up",
+    "overlap",
+    "when_queue_paused",
+}
 #: The fields code declares, which a sync writes.
-FIELDS = ("task", "cron", "timezone", "args", "kwargs", "queue", "priority", "catch_up", "overlap")
+FIELDS = (
+    "task",
+    "cron",
+    "timezone",
+    "args",
+    "kwargs",
+    "queue",
+    "priority",
+    "catch_up",
+    "overlap",
+    "when_queue_paused",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +71,7 @@ class Declaration:
     priority: int | None = None
     catch_up: str = "skip"  # cron.CATCH_UP_SKIP (the field "cron" hides the module here)
     overlap: str = "allow"  # cron.OVERLAP_ALLOW
+    when_queue_paused: str = "skip"  # cron.QUEUE_PAUSED_SKIP
 
     def values(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in FIELDS)
@@ -65,6 +88,7 @@ def validate_schedule(
     priority: int | None = None,
     catch_up: str = cron.CATCH_UP_SKIP,
     overlap: str = cron.OVERLAP_ALLOW,
+    when_queue_paused: str = cron.QUEUE_PAUSED_SKIP,
     name: str = "",
 ) -> None:
     """Raise :class:`InvalidOption` with a clear message if a schedule cannot run: an invalid
@@ -80,6 +104,10 @@ def validate_schedule(
             raise InvalidOption(f"catch_up must be 'skip' or 'latest', not {catch_up!r}")
         if overlap not in (cron.OVERLAP_ALLOW, cron.OVERLAP_SKIP):
             raise InvalidOption(f"overlap must be 'allow' or 'skip', not {overlap!r}")
+        if when_queue_paused not in (cron.QUEUE_PAUSED_SKIP, cron.QUEUE_PAUSED_ENQUEUE):
+            raise InvalidOption(
+                f"when_queue_paused must be 'skip' or 'enqueue', not {when_queue_paused!r}"
+            )
         if not isinstance(args, list | tuple):
             raise InvalidOption(f"args must be a list, not {type(args).__name__}")
         if kwargs is not None and not isinstance(kwargs, dict):
@@ -136,6 +164,7 @@ def declared() -> tuple[list[Declaration], dict[str, str]]:
                 priority=declaration.priority,
                 catch_up=declaration.catch_up,
                 overlap=declaration.overlap,
+                when_queue_paused=declaration.when_queue_paused,
                 name=declaration.name,
             )
         except InvalidOption as exc:
@@ -178,6 +207,7 @@ def _from_setting(name: Any, spec: Any) -> Declaration:
         priority=spec.get("priority"),
         catch_up=spec.get("catch_up", cron.CATCH_UP_SKIP),
         overlap=spec.get("overlap", cron.OVERLAP_ALLOW),
+        when_queue_paused=spec.get("when_queue_paused", cron.QUEUE_PAUSED_SKIP),
     )
 
 
@@ -245,6 +275,7 @@ class _Stored(NamedTuple):
     priority: int | None
     catch_up: str
     overlap: str
+    when_queue_paused: str
     missing_from_code_since: datetime.datetime | None
 
     def values(self) -> tuple[Any, ...]:

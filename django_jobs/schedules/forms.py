@@ -28,6 +28,7 @@ CODE_OWNED = [
     "priority",
     "catch_up",
     "overlap",
+    "when_queue_paused",
 ]
 
 #: The fields :func:`~django_jobs.schedules.declarations.validate_schedule` checks, each with the
@@ -37,6 +38,7 @@ CHECKED = {
     "timezone": ("timezone", "time zone"),
     "catch_up": ("catch_up",),
     "overlap": ("overlap",),
+    "when_queue_paused": ("when_queue_paused",),  # before "queue", a word of its messages
     "task": ("task",),
     "kwargs": ("kwargs", "keyword"),
     "args": ("args", "argument"),

@@ -11,7 +11,9 @@ find nothing due. Work is in proportion to the due schedules, not to the schedul
 
 Which tick runs after a downtime is :func:`django_jobs.schedules.cron.plan`'s decision. With
 ``overlap="skip"`` the job holds the unique key ``schedule:<name>`` while it is active, and a
-tick meanwhile is recorded ``skipped: previous run active``. The clock is the database's.
+tick meanwhile is recorded ``skipped: previous run active``. While the job's queue is paused, a
+tick is recorded ``skipped: queue paused`` and enqueues nothing, unless the schedule says
+``when_queue_paused="enqueue"``. The clock is the database's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -35,6 +38,22 @@ from django_jobs.store.sql import query
 logger = logging.getLogger("django_jobs.schedules")
 
 ENQUEUED, OVERLAP, RUN_NOW = "enqueued", "skipped: previous run active", "run now"
+QUEUE_PAUSED = "skipped: queue paused"
+
+#: The fields an operator edits in the admin (:func:`edit`).
+EDITABLE = (
+    "name",
+    "task",
+    "cron",
+    "timezone",
+    "args",
+    "kwargs",
+    "queue",
+    "priority",
+    "catch_up",
+    "overlap",
+    "when_queue_paused",
+)
 
 #: Schedules one pass handles at most, so that a worker's loop stays responsive.
 PASS_LIMIT = 100
@@ -54,7 +73,9 @@ class Due(NamedTuple):
     priority: int | None
     catch_up: str
     overlap: str
+    when_queue_paused: str
     next_run_at: datetime | None
+    paused: bool
     now: datetime
 
 
@@ -129,7 +150,9 @@ def fire(
 ) -> tuple[int | None, int | None, str]:
     """Claim the tick ``fire_at`` and enqueue its job: (tick id, job id, outcome). No tick id
     if a scheduler handled this tick already; no job id if the previous run is still active
-    (``overlap="skip"``) or the job could not be made (the outcome says why)."""
+    (``overlap="skip"``), if the job's queue is paused (a tick of the schedule's times, with
+    ``when_queue_paused="skip"``; run now enqueues all the same), or if the job could not be
+    made (the outcome says why)."""
     tick = db.execute(
         cursor, query("insert_tick"), {"id": due.id, "fire_at": fire_at, "outcome": label}
     ).fetchone()
@@ -141,6 +164,10 @@ def fire(
     except JobsError as exc:
         logger.error("schedule %s: no job enqueued: %s", due.name, exc)
         return tick[0], None, f"not enqueued: {exc}"
+    if label == ENQUEUED and due.when_queue_paused == cron.QUEUE_PAUSED_SKIP:
+        paused = db.execute(cursor, query("queue_is_paused"), {"name": values["queue"]})
+        if paused.fetchone()[0]:
+            return tick[0], None, QUEUE_PAUSED
     inserted = job_inserts.insert_job(cursor, values)
     if inserted is None:
         return tick[0], None, OVERLAP
@@ -227,13 +254,45 @@ def resume(schedule_id: int) -> None:
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor, db.transaction(cursor):
         due = _locked(cursor, schedule_id)
+        if not due.paused:  # nothing to resume: a tick due now stays due
+            return
         next_run_at = cron.next_fire(due.cron, due.timezone, due.now)
-        db.execute(cursor, query("set_paused"), {"id": schedule_id, "paused": False, "by": ""})
-        params = {"id": schedule_id, "next_run_at": next_run_at, "last_outcome": None}
-        db.execute(cursor, query("set_next_run"), params)
+        db.execute(
+            cursor, query("resume_schedule"), {"id": schedule_id, "next_run_at": next_run_at}
+        )
+
+
+def edit(schedule_id: int, changes: Mapping[str, Any]) -> None:
+    """An operator's edit: set the fields of ``changes`` (of :data:`EDITABLE`) and nothing
+    else, in one statement under the row's lock, so that a pause, a run or a tick written since
+    the edit began stays. The next tick moves only when the cron expression or the time zone
+    changed, to the first tick after now of the new ones, and not even then while a tick is due
+    and not yet fired: that one still fires. The values are checked by the caller (the admin's
+    form runs :func:`~django_jobs.schedules.declarations.validate_schedule`); an invalid new
+    expression or zone raises :class:`~django_jobs.exceptions.InvalidOption` here all the same,
+    and changes nothing."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise JobsError(f"cannot edit {', '.join(unknown)}: editable are {', '.join(EDITABLE)}")
+    params: dict[str, Any] = {"id": schedule_id, "next_run_at": None}
+    for field in EDITABLE:
+        value = changes.get(field)
+        params[f"set_{field}"] = field in changes
+        params[field] = json.dumps(value) if field in ("args", "kwargs") else value
+    alias = conf.database_alias()
+    with connections[alias].cursor() as cursor, db.transaction(cursor):
+        due = _locked(cursor, schedule_id)
+        if {"cron", "timezone"} & set(changes):
+            expression = changes.get("cron", due.cron)
+            timezone = changes.get("timezone", due.timezone)
+            upcoming = cron.next_fire(expression, timezone, due.now)
+            waiting = due.next_run_at is not None and due.next_run_at <= due.now
+            params["next_run_at"] = None if waiting else upcoming
+        db.execute(cursor, query("edit_schedule"), params)
 
 
 def _set_paused(schedule_id: int, paused: bool, by: str) -> None:
+    # One statement that sets the pause's fields only: next_run_at and the run history stay.
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor:
         params = {"id": schedule_id, "paused": paused, "by": by[:150]}

@@ -69,6 +69,7 @@ def form_data(**fields: str) -> dict[str, str]:
         "priority": "",
         "catch_up": "skip",
         "overlap": "allow",
+        "when_queue_paused": "skip",
     }
     data.update(fields)
     return data
@@ -323,3 +324,26 @@ def test_an_edit_writes_only_what_it_changed_and_keeps_a_due_tick() -> None:
     assert schedule.priority == 5
     assert (schedule.paused, schedule.paused_by) == (True, "ops")
     assert schedule.next_run_at == due
+
+
+def test_an_edit_of_the_cron_expression_keeps_a_tick_due_and_not_yet_fired(superuser) -> None:
+    # The tick came due while the operator typed; the scheduler has not fired it yet. The new
+    # expression applies from the tick after it, not from now.
+    schedule = make_schedule(source="admin", cron="0 3 * * *", timezone="UTC")
+    due = timezone.now() - timedelta(seconds=5)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=due)
+    data = form_data(name="nightly", cron="30 4 * * *", timezone="UTC", args="[]", kwargs="{}")
+    response = superuser.post(change_url(schedule), data, follow=True)
+    assert response.status_code == 200, response.content
+    schedule.refresh_from_db()
+    assert (schedule.cron, schedule.next_run_at) == ("30 4 * * *", due)
+
+
+def test_the_form_sets_what_a_tick_does_while_the_queue_is_paused(superuser) -> None:
+    assert b'name="when_queue_paused"' in superuser.get(ADD).content
+    response = superuser.post(ADD, form_data(when_queue_paused="enqueue"), follow=True)
+    assert response.status_code == 200, response.content
+    assert Schedule.objects.get(name="hourly-echo").when_queue_paused == "enqueue"
+    response = superuser.post(ADD, form_data(name="other", when_queue_paused="later"))
+    assert b"Select a valid choice" in response.content
+    assert not Schedule.objects.filter(name="other").exists()

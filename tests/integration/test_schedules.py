@@ -5,11 +5,13 @@ pruning. Schedulers here are plain psycopg connections in autocommit, as a worke
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -17,7 +19,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
-from django_jobs import checks
+from django_jobs import checks, queues
+from django_jobs.exceptions import JobsError
 from django_jobs.management.commands import runjobscheduler, runjobworker
 from django_jobs.models import Job, Schedule, ScheduleTick
 from django_jobs.prune import prune
@@ -26,6 +29,7 @@ from django_jobs.schedules import declarations, ticks
 from django_jobs.store import operations_views as stats
 from testproject.testjobs.jobs import nightly
 from tests.conftest import connect
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -287,6 +291,159 @@ def test_pause_resume_and_run_now(scheduler) -> None:
     schedule.save()
     schedule.recompute_next_run()
     assert (schedule.next_run_at.hour, schedule.next_run_at.minute) == (6, 30)
+
+
+def test_resuming_a_schedule_that_is_not_paused_keeps_its_due_tick(scheduler) -> None:
+    # A resume clicked on a schedule that runs (a second operator, a stale page) has nothing
+    # to resume; moving its next tick on from now would drop the tick due a moment ago.
+    schedule = admin_schedule("running-along")
+    overdue("running-along")
+    due = Schedule.objects.get(name="running-along").next_run_at
+    schedule.resume()
+    assert schedule.next_run_at == due
+    assert ticks.fire_due(scheduler, TASKS).fired == 1
+    assert ScheduleTick.objects.get(schedule=schedule).fire_at == due
+
+
+def test_each_operators_action_writes_its_own_fields_only(scheduler) -> None:
+    schedule = admin_schedule("fields", "0 5 * * *", queue="imports", priority=7, args=["x"])
+    job = schedule.run_now()
+    before = Schedule.objects.values().get(pk=schedule.pk)
+
+    def changed() -> dict[str, Any]:
+        now = Schedule.objects.values().get(pk=schedule.pk)
+        return {k: v for k, v in now.items() if v != before[k] and k != "updated_at"}
+
+    schedule.pause("alice")
+    assert set(changed()) == {"paused", "paused_at", "paused_by"}
+    ticks.edit(schedule.pk, {"priority": 3, "args": ["y"]})
+    assert set(changed()) == {"paused", "paused_at", "paused_by", "priority", "args"}
+    schedule.resume()  # and its next tick after now, the same one here
+    assert set(changed()) - {"next_run_at"} == {"priority", "args"}
+    assert before["last_job_id"] == job.pk
+
+
+def test_an_edit_of_the_time_keeps_a_tick_due_and_not_yet_fired(scheduler) -> None:
+    schedule = admin_schedule("moved", "0 5 * * *")
+    overdue("moved", "10 seconds")
+    due = Schedule.objects.get(name="moved").next_run_at
+    ticks.edit(schedule.pk, {"cron": "30 6 * * *"})
+    schedule.refresh_from_db()
+    assert (schedule.cron, schedule.next_run_at) == ("30 6 * * *", due)
+    assert ticks.fire_due(scheduler, TASKS).fired == 1  # the due tick fires, then the new times
+    schedule.refresh_from_db()
+    assert (schedule.next_run_at.hour, schedule.next_run_at.minute) == (6, 30)
+
+    ticks.edit(schedule.pk, {"timezone": "Asia/Tokyo"})  # nothing due: from now, in Tokyo
+    schedule.refresh_from_db()
+    tokyo = schedule.next_run_at.astimezone(ZoneInfo("Asia/Tokyo"))
+    assert (tokyo.hour, tokyo.minute) == (6, 30)
+    with pytest.raises(JobsError, match="cannot edit paused"):
+        ticks.edit(schedule.pk, {"paused": True})
+
+
+def test_a_sync_that_moves_a_code_schedule_keeps_its_due_tick(scheduler) -> None:
+    with override_settings(JOBS_SCHEDULES={"report": REPORT}):
+        declarations.sync(scheduler)
+    overdue("report")
+    due = Schedule.objects.get(name="report").next_run_at
+    with override_settings(JOBS_SCHEDULES={"report": {**REPORT, "cron": "7 * * * *"}}):
+        assert declarations.sync(scheduler).changed == ["report"]
+        assert Schedule.objects.get(name="report").next_run_at == due
+        assert ticks.fire_due(scheduler, TASKS).fired == 1
+    assert Schedule.objects.get(name="report").next_run_at.minute == 7
+
+
+def _operate_in_a_loop(stop: Any, schedule_id: int) -> None:
+    """An operator who edits and runs the schedule now, over and over."""
+    connection.close()
+    schedule = Schedule.objects.get(pk=schedule_id)
+    crons = itertools.cycle(["0 5 1 1 *", "0 6 1 1 *"])
+    while not stop.is_set():
+        ticks.edit(schedule_id, {"cron": next(crons), "priority": 3})
+        schedule.run_now()
+
+
+def test_edits_and_runs_now_among_resumes_fire_no_tick_that_passed_while_paused() -> None:
+    # A scheduler process fires due ticks in a tight loop, a second process edits the paused
+    # schedule and runs it now, and the operator here pauses it, moves its tick into the past
+    # and resumes it, 100 times: no tick of the schedule's times ever fires, only runs now.
+    schedule = admin_schedule("busy", "0 5 1 1 *", catch_up="latest")
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    connection.close()  # the children get none of this process's connections
+    children = [
+        context.Process(target=_fire_in_a_loop, args=(stop,)),
+        context.Process(target=_operate_in_a_loop, args=(stop, schedule.pk)),
+    ]
+    for child in children:
+        child.start()
+    try:
+        for _ in range(100):
+            schedule.pause("ops")
+            overdue("busy", "3 days")
+            schedule.resume()
+    finally:
+        stop.set()
+        for child in children:
+            child.join(timeout=30)
+    assert [child.exitcode for child in children] == [0, 0]
+    outcomes = set(ScheduleTick.objects.filter(schedule=schedule).values_list("outcome", flat=True))
+    assert outcomes <= {"run now", "skipped: previous run active"}
+    assert Job.objects.count() == ScheduleTick.objects.filter(outcome="run now").count() > 0
+
+
+# ---------------------------------------------------------------------- a paused queue
+
+
+def test_ticks_for_a_paused_queue_are_skipped_and_say_so(scheduler) -> None:
+    names = ["into-paused-1", "into-paused-2", "into-paused-3"]
+    for name in names:
+        admin_schedule(name, queue="imports")
+        overdue(name)
+    JobFactory(task="tests.noop", queue="imports")  # the queue is known
+    queues.pause("imports", by="ops")
+    before = {s.name: s.next_run_at for s in Schedule.objects.all()}
+    done = ticks.fire_due(scheduler, TASKS)
+    assert (done.fired, done.handled) == (0, 3)
+    assert Job.objects.filter(task="tests.echo").count() == 0
+    rows = ScheduleTick.objects.values_list("schedule__name", "outcome", "job_id")
+    assert sorted(rows) == [(name, "skipped: queue paused", None) for name in names]
+    for schedule in Schedule.objects.all():  # each goes on to its next tick: nothing piles up
+        assert schedule.last_outcome == "skipped: queue paused"
+        assert schedule.next_run_at > before[schedule.name]
+
+    job = Schedule.objects.get(name=names[0]).run_now()  # an operator's run now still enqueues
+    assert job.queue == "imports" and job.state == "pending"
+
+    queues.resume("imports")
+    admin_schedule("after-resume", queue="imports")
+    overdue("after-resume")
+    assert ticks.fire_due(scheduler, TASKS).fired == 1
+    assert Job.objects.filter(task="tests.echo").count() == 2  # the run now, and this tick's
+
+
+def test_a_schedule_may_enqueue_into_a_paused_queue(scheduler) -> None:
+    schedule = admin_schedule("enqueues", queue="imports", when_queue_paused="enqueue")
+    JobFactory(task="tests.noop", queue="imports")
+    queues.pause("imports", by="ops")
+    overdue("enqueues")
+    assert ticks.fire_due(scheduler, TASKS).fired == 1
+    assert Job.objects.get(task="tests.echo").queue == "imports"
+    assert ScheduleTick.objects.get(schedule=schedule).outcome == "enqueued"
+
+
+def test_when_queue_paused_is_declared_in_code_and_checked(scheduler) -> None:
+    spec = {**REPORT, "when_queue_paused": "enqueue"}
+    with override_settings(JOBS_SCHEDULES={"report": spec}):
+        assert declarations.sync(scheduler).added
+    assert Schedule.objects.get(name="report").when_queue_paused == "enqueue"
+    with override_settings(JOBS_SCHEDULES={"report": REPORT}):
+        assert declarations.sync(scheduler).changed == ["report"]
+    assert Schedule.objects.get(name="report").when_queue_paused == "skip"
+    with override_settings(JOBS_SCHEDULES={"report": {**REPORT, "when_queue_paused": "wait"}}):
+        report = declarations.sync(scheduler)
+    assert "when_queue_paused must be 'skip' or 'enqueue', not 'wait'" in report.errors["report"]
 
 
 def test_run_now_with_overlap_skip_hands_back_the_active_run(scheduler) -> None:

@@ -165,6 +165,9 @@ def test_validate_schedule_checks_the_options_too() -> None:
     with pytest.raises(InvalidOption, match="priority must be an integer from -100 to 100"):
         validate_schedule("tests.noop", "@daily", priority=500)
     validate_schedule("tests.noop", "@daily", "Europe/Berlin", [1], {"a": "b"}, overlap="skip")
+    with pytest.raises(InvalidOption, match="when_queue_paused must be 'skip' or 'enqueue'"):
+        validate_schedule("tests.noop", "@daily", when_queue_paused="wait")
+    validate_schedule("tests.noop", "@daily", when_queue_paused="enqueue")
 
 
 def test_declared_schedules_come_from_the_setting_and_bad_ones_are_reported(settings) -> None:

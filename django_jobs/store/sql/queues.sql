@@ -38,6 +38,10 @@ SET paused = false, paused_at = NULL, paused_by = '', pause_reason = '', updated
 WHERE name = %(name)s
 RETURNING pg_notify('django_jobs', name) IS NULL
 
+-- name: queue_is_paused
+-- Whether the queue is paused now (a scheduler's tick skips it). Index: the primary key.
+SELECT EXISTS (SELECT 1 FROM django_jobs_queue WHERE name = %(name)s AND paused)
+
 -- name: set_queue_limit
 -- A limit from the admin or jobqueue, or NULL for none. Idle workers are woken: a higher limit
 -- frees slots.

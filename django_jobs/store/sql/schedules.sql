@@ -18,7 +18,7 @@ WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at IS NOT NULL
 -- (milliseconds). A row another scheduler has just advanced is read with its new next_run_at
 -- and no longer qualifies. Index: schedule_due_idx.
 SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
-       next_run_at, now() AS now
+       when_queue_paused, next_run_at, paused, now() AS now
 FROM django_jobs_schedule
 WHERE NOT paused AND missing_from_code_since IS NULL AND next_run_at <= now()
   AND task = ANY(%(tasks)s)
@@ -29,7 +29,7 @@ FOR UPDATE SKIP LOCKED
 -- name: lock_schedule
 -- One schedule, locked (run now, pause, resume, an edit), with the clock.
 SELECT id, name, task, cron, timezone, args, kwargs, queue, priority, catch_up, overlap,
-       next_run_at, now() AS now
+       when_queue_paused, next_run_at, paused, now() AS now
 FROM django_jobs_schedule WHERE id = %(id)s
 FOR UPDATE
 
@@ -62,6 +62,37 @@ SET next_run_at = %(next_run_at)s, last_outcome = COALESCE(%(last_outcome)s, las
     updated_at = now()
 WHERE id = %(id)s
 
+-- name: resume_schedule
+-- A paused schedule fires again from %(next_run_at)s, its next tick after now (read under the
+-- row's lock, lock_schedule, in the same transaction): a scheduler sees it paused, or resumed
+-- with a tick still to come, never resumed with one that passed while it was paused. Every
+-- other field stays. A schedule that is not paused is left as it is, its due tick with it.
+UPDATE django_jobs_schedule
+SET paused = false, paused_at = NULL, paused_by = '', next_run_at = %(next_run_at)s,
+    updated_at = now()
+WHERE id = %(id)s AND paused
+
+-- name: edit_schedule
+-- An operator's edit in the admin, under the row's lock (lock_schedule): only the fields
+-- flagged set_<field> change, and next_run_at only when given (the cron expression or time
+-- zone changed); a pause, a run or a due tick written since the form was read stays.
+UPDATE django_jobs_schedule
+SET name = CASE WHEN %(set_name)s THEN %(name)s ELSE name END,
+    task = CASE WHEN %(set_task)s THEN %(task)s ELSE task END,
+    cron = CASE WHEN %(set_cron)s THEN %(cron)s ELSE cron END,
+    timezone = CASE WHEN %(set_timezone)s THEN %(timezone)s ELSE timezone END,
+    args = CASE WHEN %(set_args)s THEN %(args)s::jsonb ELSE args END,
+    kwargs = CASE WHEN %(set_kwargs)s THEN %(kwargs)s::jsonb ELSE kwargs END,
+    queue = CASE WHEN %(set_queue)s THEN %(queue)s ELSE queue END,
+    priority = CASE WHEN %(set_priority)s THEN %(priority)s::int ELSE priority END,
+    catch_up = CASE WHEN %(set_catch_up)s THEN %(catch_up)s ELSE catch_up END,
+    overlap = CASE WHEN %(set_overlap)s THEN %(overlap)s ELSE overlap END,
+    when_queue_paused = CASE WHEN %(set_when_queue_paused)s THEN %(when_queue_paused)s
+                             ELSE when_queue_paused END,
+    next_run_at = COALESCE(%(next_run_at)s, next_run_at),
+    updated_at = now()
+WHERE id = %(id)s
+
 -- name: set_paused
 UPDATE django_jobs_schedule
 SET paused = %(paused)s, paused_at = CASE WHEN %(paused)s THEN now() END,
@@ -75,16 +106,16 @@ SELECT pg_advisory_xact_lock(hashtext('django_jobs_schedule_sync')) AS locked, n
 
 -- name: read_schedules
 SELECT id, name, source, task, cron, timezone, args, kwargs, queue, priority, catch_up,
-       overlap, missing_from_code_since
+       overlap, when_queue_paused, missing_from_code_since
 FROM django_jobs_schedule ORDER BY name
 
 -- name: insert_schedule
 INSERT INTO django_jobs_schedule (name, task, cron, timezone, args, kwargs, queue, priority,
-    catch_up, overlap, paused, paused_by, source, next_run_at, last_outcome, created_at,
-    updated_at)
+    catch_up, overlap, when_queue_paused, paused, paused_by, source, next_run_at, last_outcome,
+    created_at, updated_at)
 VALUES (%(name)s, %(task)s, %(cron)s, %(timezone)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s,
-    %(priority)s, %(catch_up)s, %(overlap)s, false, '', 'code', %(next_run_at)s, '', now(),
-    now())
+    %(priority)s, %(catch_up)s, %(overlap)s, %(when_queue_paused)s, false, '', 'code',
+    %(next_run_at)s, '', now(), now())
 ON CONFLICT (name) DO NOTHING
 
 -- name: update_schedule
@@ -92,8 +123,15 @@ ON CONFLICT (name) DO NOTHING
 UPDATE django_jobs_schedule
 SET task = %(task)s, cron = %(cron)s, timezone = %(timezone)s, args = %(args)s::jsonb,
     kwargs = %(kwargs)s::jsonb, queue = %(queue)s, priority = %(priority)s, catch_up = %(catch_up)s,
-    overlap = %(overlap)s, missing_from_code_since = NULL,
-    next_run_at = COALESCE(%(next_run_at)s, next_run_at), updated_at = now()
+    overlap = %(overlap)s, when_queue_paused = %(when_queue_paused)s,
+    missing_from_code_since = NULL,
+    -- A tick due and not yet fired still fires (the new times follow it), unless the
+    -- schedule was removed from code: the times it missed then are never run.
+    next_run_at = CASE
+        WHEN missing_from_code_since IS NULL AND next_run_at <= now() THEN next_run_at
+        ELSE COALESCE(%(next_run_at)s, next_run_at)
+    END,
+    updated_at = now()
 WHERE name = %(name)s AND source = 'code'
 
 -- name: mark_missing
