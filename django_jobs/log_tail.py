@@ -16,6 +16,8 @@ key was cut off (``password=`` cut, ``hunter2`` kept), which masking could not k
 
 from __future__ import annotations
 
+import re
+
 from django_jobs.sanitize import mask_text
 from django_jobs.storable import storable_text
 
@@ -23,6 +25,13 @@ from django_jobs.storable import storable_text
 def marker(cut: int, limit: int) -> str:
     """The line that stands for the ``cut`` bytes left out before the kept ones."""
     return f"[… {cut:,} earlier bytes cut: the last {limit:,} are kept …]\n"
+
+
+# A marker at the start of a log that was cut before it was sent (by a worker of the API, which
+# cuts its tail as a worker does): its count carries on, and the marker is not kept as text.
+_SENT_MARKER = re.compile(
+    r"\[… ([\d,]{1,30}) earlier bytes cut: the last [\d,]{1,30} are kept …\]\n"
+)
 
 
 def kept_text(data: bytes, cut: int, at_line_start: bool, limit: int) -> str:
@@ -45,9 +54,13 @@ def stored_log(text: str, limit: int) -> str:
     ``limit`` bytes (and the marker), however much was sent."""
     if limit <= 0:
         return ""
+    earlier = 0
+    sent = _SENT_MARKER.match(text)
+    if sent is not None:
+        earlier, text = int(sent.group(1).replace(",", "")), text[sent.end() :]
     data = storable_text(text).encode("utf-8")
     excess = len(data) - limit
     if excess <= 0:
-        return mask_text(kept_text(data, 0, True, limit))
+        return mask_text(kept_text(data, earlier, True, limit))
     at_line_start = data[excess - 1] == ord("\n")
-    return mask_text(kept_text(data[excess:], excess, at_line_start, limit))
+    return mask_text(kept_text(data[excess:], earlier + excess, at_line_start, limit))

@@ -10,6 +10,7 @@ import pytest
 
 from django_jobs import sanitize
 from django_jobs.context import JobContext
+from django_jobs.log_tail import stored_log
 from django_jobs.progress import MESSAGE_CHARS, BadProgress, Progress, checked
 from django_jobs.store import Lease
 from django_jobs.worker.executor import (
@@ -76,6 +77,28 @@ def test_a_cut_at_a_line_start_keeps_that_line() -> None:
     tail = Tail(10)
     tail.add(b"123456789\nabcdefghi\n")  # the cut takes the first line and its newline
     assert tail.text().endswith("]\nabcdefghi\n")
+
+
+def test_a_log_sent_whole_is_cut_like_a_tail_and_masked() -> None:
+    log = "x" * 5000 + " password=" + "hunter2\n" + "api_key=sk-123\nlast\n"
+    assert stored_log(log, 100) == (
+        "[… 5,018 earlier bytes cut: the last 100 are kept …]\napi_key=********\nlast\n"
+    )
+    assert stored_log("short password=hunter2\n", 100) == "short password=********\n"
+    assert stored_log("nul\x00", 100).startswith("nul\\x00 [django-jobs: NUL")
+    assert stored_log("anything", 0) == ""
+
+
+def test_a_tail_cut_before_it_was_sent_keeps_its_count_and_is_not_cut_again() -> None:
+    # A worker of the HTTP API sends its tail as a worker of this app keeps it.
+    tail = Tail(1000)
+    for i in range(500):
+        tail.add(f"line {i:03d} {'.' * 20}\n".encode())
+    sent = tail.text()
+    assert sent.startswith("[… 14,010 earlier bytes cut") and len(sent.encode()) > 1000
+    assert stored_log(sent, 1000) == sent
+    smaller = stored_log(sent, 500)
+    assert smaller.startswith("[… 14,520 earlier bytes cut: the last 500 are kept …]\nline 484 ")
 
 
 def test_the_supervisor_never_masks_a_jobs_output(monkeypatch) -> None:
