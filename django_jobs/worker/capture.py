@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol, TextIO
 
+from django_jobs.conf import sensitive_keys
 from django_jobs.sanitize import mask_text
 
 #: The worker's own log records are the worker's, not the job's; this one is the job's (bad
@@ -91,6 +92,8 @@ class MaskedLines:
     def __init__(self, sink: Sink, hold: int) -> None:
         self.sink = sink
         self.hold = max(1, hold)
+        # Read once per attempt: reading settings costs more than masking a short line.
+        self.keys = sensitive_keys()
         self.pending: list[str] = []
         self.pending_chars = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -145,7 +148,7 @@ class MaskedLines:
     def _send(self, text: str) -> None:
         self.pending, self.pending_chars = [], 0
         if text:
-            self.sink.write(mask_text(text))
+            self.sink.write(mask_text(text, self.keys))
 
 
 class Tee:
