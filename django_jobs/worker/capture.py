@@ -97,8 +97,9 @@ class MaskedLines:
         self.pending: list[str] = []
         self.pending_chars = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        # The job's threads may print at once.
-        self.lock = threading.Lock()
+        # The job's threads may print at once. Reentrant: a signal handler of the job that prints
+        # runs in the thread it interrupted, which may hold the lock.
+        self.lock = threading.RLock()
 
     def write(self, text: str) -> None:
         if text and not self.sink.broken:
