@@ -82,7 +82,8 @@ class MaskedLines:
     :mod:`django_jobs.sanitize`), in the executor, where it is written.
 
     Masking needs whole lines: ``print("password=" + pw, "!")`` writes three times, and a secret
-    can span two writes. So a line goes down the pipe when it ends; the start of one waits for
+    can span two writes. So a line goes down the pipe when it ends (at ``\n`` or ``\r``); the
+    start of one waits for
     its end, for at most ``hold`` characters (a line longer than the kept tail is left out of
     the stored log anyway, see log_tail.py), or until the attempt ends (:meth:`flush`). A line
     that ends open (``password:``) waits for the next one, which may hold its value. Bytes
@@ -126,7 +127,8 @@ class MaskedLines:
     def _add(self, text: str) -> None:
         if not text:
             return
-        newline = text.rfind("\n")
+        # A carriage return ends a line too: a progress bar redrawn in place shows as it goes.
+        newline = max(text.rfind("\n"), text.rfind("\r"))
         if newline < 0:
             self.pending.append(text)
             self.pending_chars += len(text)
@@ -139,7 +141,8 @@ class MaskedLines:
         self.pending, self.pending_chars = [], 0
         if ended.rstrip().endswith(_OPEN_ENDS) and len(ended) + len(rest) <= self.hold:
             # Its last line may have its value on the next: keep that line back, with it.
-            start = ended.rfind("\n", 0, len(ended) - 1) + 1
+            content = len(ended.rstrip("\r\n"))
+            start = max(ended.rfind("\n", 0, content), ended.rfind("\r", 0, content)) + 1
             ended, rest = ended[:start], ended[start:] + rest
         self._send(ended)
         if rest:

@@ -111,3 +111,18 @@ def test_masking_64_kib_of_adversarial_output_in_the_executor_takes_linear_time(
     started = time.perf_counter()
     copied = _masked_copy([hex_line[i : i + 100] for i in range(0, len(hex_line), 100)] + ["\n"])
     assert time.perf_counter() - started < 1.0 and copied == hex_line + "\n"
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_goes_as_it_is_drawn() -> None:
+    read_end, write_end = os.pipe()
+    masked = MaskedLines(Sink(write_end), 64 * 1024)
+    masked.write("\r 10% |#")
+    masked.write("\r 20% |##")
+    os.set_blocking(read_end, False)
+    assert os.read(read_end, 1024) == b"\r 10% |#\r"  # the second redraw ended the first
+    masked.write("\r\nsecret:\r\n")
+    masked.write("  hunter2\r\n")
+    masked.flush()
+    os.close(write_end)
+    assert os.read(read_end, 1024) == b" 20% |##\r\nsecret:\r\n  ********\r\n"
+    os.close(read_end)
