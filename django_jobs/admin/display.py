@@ -63,7 +63,9 @@ def progress_details(shown: Shown) -> SafeString:
 
 
 def attempt_log(attempt: Attempt) -> SafeString | str:
-    """An attempt's captured log, folded; a running attempt's last lines, open."""
+    """An attempt's captured log, folded; a running attempt's last lines, open. Shown as it is
+    stored, escaped but not masked again: every writer masks it before storing it (see
+    log_tail.py), and it is the one text here that can be long."""
     if not attempt.log:
         return ""
     lines = attempt.log.splitlines()
@@ -73,12 +75,12 @@ def attempt_log(attempt: Attempt) -> SafeString | str:
             "<pre>{}</pre></details>",
             min(LIVE_LINES, len(lines)),
             len(lines),
-            mask_text("\n".join(lines[-LIVE_LINES:])),
+            "\n".join(lines[-LIVE_LINES:]),
         )
     return format_html(
         '<details class="dj-log"><summary>log ({} lines)</summary><pre>{}</pre></details>',
         len(lines),
-        mask_text(attempt.log),
+        attempt.log,
     )
 
 

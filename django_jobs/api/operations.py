@@ -8,6 +8,7 @@ over the API is fenced, reaped and retried like any other, and the enqueue of
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -25,10 +26,24 @@ from django_jobs.exceptions import (
     SpawnRefused,
     UnknownTask,
 )
+from django_jobs.log_tail import stored_log
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
+from django_jobs.sanitize import mask_text
+from django_jobs.storable import storable_text
 from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, job_reads
 from django_jobs.tasks import Task
+
+#: The longest error message and traceback kept of a finish, in characters: as a worker keeps
+#: them (the start of an error, the end of a traceback).
+ERROR_CHARS = 2000
+TRACEBACK_CHARS = 20000
+
+
+def stored_text(text: str) -> str:
+    """Text a remote worker sent (an error, a traceback, a release reason, a progress message),
+    as it is stored: masked and storable, on the server, whatever the client did."""
+    return mask_text(storable_text(text)) if text else text
 
 
 def _cursor() -> Any:
@@ -111,8 +126,8 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
             lease,
             ending.outcome,
             result_json=ending.result_json,
-            error=ending.error,
-            traceback=ending.traceback,
+            error=stored_text(ending.error)[:ERROR_CHARS],
+            traceback=stored_text(ending.traceback)[-TRACEBACK_CHARS:],
             retryable=ending.retryable,
             retry_delay=retry_delay,
         )
@@ -123,10 +138,15 @@ def finish(lease: Lease, ending: Finish) -> Ended | None:
 
 def release(lease: Lease, reason: str) -> bool:
     with _cursor() as cursor:
-        return store.release(cursor, lease, reason)
+        return store.release(cursor, lease, stored_text(reason))
 
 
 def record_live(lease: Lease, progress: Progress | None, log: str | None) -> store.Recorded:
+    if progress is not None and progress.message:
+        progress = dataclasses.replace(progress, message=stored_text(progress.message))
+    if log is not None:
+        # Cut as a worker cuts its tail, then masked: whatever the client sent.
+        log = stored_log(log, conf.attempt_log_bytes())
     with _cursor() as cursor:
         return store.record_live(cursor, lease, progress, log)
 

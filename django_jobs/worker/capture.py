@@ -4,9 +4,11 @@ written.
 During an attempt, ``sys.stdout`` and ``sys.stderr`` are tees: what the job prints still goes
 where it went before (the worker's log), and a copy goes down the executor's output pipe. So
 do the job's log records at ``JOBS_CAPTURE_LOG_LEVEL`` and above, formatted one per line, from
-every logger but the worker's own. Each write reaches the pipe before the call returns, so what
-a job wrote before it crashed or was killed is already with the supervisor, which keeps the
-attempt's tail (worker/live.py).
+every logger but the worker's own. The copy is masked here, in the executor, a line at a time
+(:class:`MaskedLines`), so that the supervisor, which keeps the attempt's tail (worker/live.py),
+never masks anything. Each line reaches the pipe once it ends, before the write that ends it
+returns, so what a job wrote before it crashed or was killed is already with the supervisor, but
+for a last line it had not ended.
 
 Capture changes nothing the job would otherwise see or print. To capture records below the
 level the job's loggers let through (Django leaves the root logger at WARNING), the root logger
@@ -17,12 +19,17 @@ handler, as it did.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
+
+from django_jobs.conf import sensitive_keys
+from django_jobs.sanitize import mask_text
 
 #: The worker's own log records are the worker's, not the job's; this one is the job's (bad
 #: progress reports, see context.py).
@@ -57,11 +64,102 @@ class Sink:
             view = view[written:]
 
 
+class Output(Protocol):
+    """Where a tee copies what the job writes: a :class:`Sink`, or :class:`MaskedLines`."""
+
+    def write(self, text: str) -> None: ...
+
+    def write_bytes(self, data: bytes) -> None: ...
+
+
+#: Characters a line may end with (before its newline, and white space) for the next line to
+#: hold its value: ``password:`` then ``  hunter2`` on the next line.
+_OPEN_ENDS = (":", "=")
+
+
+class MaskedLines:
+    """The job's output on its way to the :class:`Sink`, masked a line at a time (see
+    :mod:`django_jobs.sanitize`), in the executor, where it is written.
+
+    Masking needs whole lines: ``print("password=" + pw, "!")`` writes three times, and a secret
+    can span two writes. So a line goes down the pipe when it ends (at ``\n`` or ``\r``); the
+    start of one waits for
+    its end, for at most ``hold`` characters (a line longer than the kept tail is left out of
+    the stored log anyway, see log_tail.py), or until the attempt ends (:meth:`flush`). A line
+    that ends open (``password:``) waits for the next one, which may hold its value. Bytes
+    written to the streams' buffers are decoded as UTF-8 (invalid bytes as U+FFFD). Each
+    character is masked once, in time linear in the output."""
+
+    def __init__(self, sink: Sink, hold: int) -> None:
+        self.sink = sink
+        self.hold = max(1, hold)
+        # Read once per attempt: reading settings costs more than masking a short line.
+        self.keys = sensitive_keys()
+        self.pending: list[str] = []
+        self.pending_chars = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        # The job's threads may print at once. Reentrant: a signal handler of the job that prints
+        # runs in the thread it interrupted, which may hold the lock.
+        self.lock = threading.RLock()
+
+    def write(self, text: str) -> None:
+        if text and not self.sink.broken:
+            with self.lock:
+                self._add(self._undecoded() + text)
+
+    def write_bytes(self, data: bytes) -> None:
+        if data and not self.sink.broken:
+            with self.lock:
+                self._add(self.decoder.decode(data))
+
+    def flush(self) -> None:
+        """Send what waits, line ended or not: the attempt is ending."""
+        with self.lock:
+            self._add(self._undecoded())
+            self._send("".join(self.pending))
+
+    def _undecoded(self) -> str:
+        # The start of a character written as bytes, before text: as U+FFFD, as before.
+        text = self.decoder.decode(b"", final=True)
+        self.decoder.reset()
+        return text
+
+    def _add(self, text: str) -> None:
+        if not text:
+            return
+        # A carriage return ends a line too: a progress bar redrawn in place shows as it goes.
+        newline = max(text.rfind("\n"), text.rfind("\r"))
+        if newline < 0:
+            self.pending.append(text)
+            self.pending_chars += len(text)
+            if self.pending_chars > self.hold:
+                self._send("".join(self.pending))
+            return
+        self.pending.append(text[: newline + 1])
+        ended = "".join(self.pending)
+        rest = text[newline + 1 :]
+        self.pending, self.pending_chars = [], 0
+        if ended.rstrip().endswith(_OPEN_ENDS) and len(ended) + len(rest) <= self.hold:
+            # Its last line may have its value on the next: keep that line back, with it.
+            content = len(ended.rstrip("\r\n"))
+            start = max(ended.rfind("\n", 0, content), ended.rfind("\r", 0, content)) + 1
+            ended, rest = ended[:start], ended[start:] + rest
+        self._send(ended)
+        if rest:
+            self.pending.append(rest)
+            self.pending_chars = len(rest)
+
+    def _send(self, text: str) -> None:
+        self.pending, self.pending_chars = [], 0
+        if text:
+            self.sink.write(mask_text(text, self.keys))
+
+
 class Tee:
     """A text stream that also copies what is written to a :class:`Sink`; its ``buffer`` (the
     bytes under ``sys.stdout``) copies what is written there too."""
 
-    def __init__(self, stream: TextIO, sink: Sink) -> None:
+    def __init__(self, stream: TextIO, sink: Output) -> None:
         self._stream = stream
         self._sink = sink
         self._buffer: BufferTee | None = None
@@ -89,7 +187,7 @@ class BufferTee:
     """``sys.stdout.buffer`` (or stderr's) during an attempt: bytes written there go where they
     went before, and a copy goes down the pipe."""
 
-    def __init__(self, stream: TextIO, sink: Sink) -> None:
+    def __init__(self, stream: TextIO, sink: Output) -> None:
         self._stream = stream
         self._raw = stream.buffer  # AttributeError where the stream has none, as before
         self._sink = sink
@@ -148,7 +246,7 @@ class _OldThreshold(logging.Filter):
 class CaptureHandler(logging.Handler):
     """Writes the job's log records to the sink, one line each."""
 
-    def __init__(self, sink: Sink, level: int, stderr: TextIO, root_level: int) -> None:
+    def __init__(self, sink: Output, level: int, stderr: TextIO, root_level: int) -> None:
         super().__init__(level)
         self.sink = sink
         self.setFormatter(logging.Formatter(FORMAT))
@@ -184,15 +282,17 @@ def _handlers() -> set[logging.Handler]:
 
 
 @contextlib.contextmanager
-def captured(sink: Sink | None, level: int) -> Iterator[None]:
-    """Copy what the job prints and logs to ``sink`` while the block runs (``None``: don't)."""
+def captured(sink: Sink | None, level: int, hold: int = 64 * 1024) -> Iterator[None]:
+    """Copy what the job prints and logs to ``sink``, masked, while the block runs (``None``:
+    don't); ``hold`` is the longest unended line kept back to be masked whole."""
     if sink is None:
         yield
         return
+    masked = MaskedLines(sink, hold)
     root = logging.root
     root_level = root.level
     stdout, stderr = sys.stdout, sys.stderr
-    handler = CaptureHandler(sink, level, stderr, root_level)
+    handler = CaptureHandler(masked, level, stderr, root_level)
     floor = _OldThreshold(root_level)
     lowered = _handlers() if level < root_level else set()
     for other in lowered:
@@ -200,7 +300,7 @@ def captured(sink: Sink | None, level: int) -> Iterator[None]:
     if lowered or level < root_level:
         root.setLevel(level)
     root.addHandler(handler)
-    sys.stdout, sys.stderr = Tee(stdout, sink), Tee(stderr, sink)
+    sys.stdout, sys.stderr = Tee(stdout, masked), Tee(stderr, masked)
     try:
         yield
     finally:
@@ -209,3 +309,4 @@ def captured(sink: Sink | None, level: int) -> Iterator[None]:
         root.setLevel(root_level)
         for other in lowered:
             other.removeFilter(floor)
+        masked.flush()

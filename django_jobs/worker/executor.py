@@ -107,10 +107,16 @@ class ProgressOut:
 
     def flush(self) -> None:
         """Send the pending value now, if there is one."""
+        from django_jobs.sanitize import mask_text
+
         with self.lock:
             value, self.pending = self.pending, None
             if value is None:
                 return
+            if value.message:
+                # Masked here, in the executor, once per value sent: not per call (progress
+                # must stay cheap), and not by the supervisor.
+                value = dataclasses.replace(value, message=mask_text(value.message))
             self.next_send = time.monotonic() + self.every
             with contextlib.suppress(OSError):  # the supervisor is gone; so is the report
                 self.pipe.send(value)
@@ -146,7 +152,7 @@ def run_assignment(
     from django_jobs import conf
     from django_jobs.storable import storable_text
 
-    with captured(output, conf.capture_log_level()):
+    with captured(output, conf.capture_log_level(), conf.attempt_log_bytes()):
         report = _run(assignment, report_progress)
         sys.stdout.flush()
         sys.stderr.flush()

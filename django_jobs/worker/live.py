@@ -7,7 +7,11 @@ turns a watch into ``record_live`` writes (store/live_attempts.py), queued in th
 worker's one connection: at most one per ``JOBS_PROGRESS_INTERVAL`` per job while it runs, each
 with the latest values, and always one more when the attempt ends, queued before its finish.
 Since the tail is kept here, a job whose process crashed or was killed for a timeout keeps
-what it had written up to then.
+what it had written up to then (but for a line it had not ended: see worker/capture.py).
+
+The output arrives masked: the executor masks it as it is written. The supervisor only keeps
+its last bytes and decodes them for each live write, in time linear in the tail, so no output
+can make its loop mask, or stall on, anything.
 """
 
 from __future__ import annotations
@@ -16,9 +20,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 
+from django_jobs.log_tail import kept_text
 from django_jobs.progress import Progress
-from django_jobs.sanitize import mask_text
-from django_jobs.storable import storable_text
 from django_jobs.store import Lease, Recorded
 from django_jobs.worker.outbox import Outbox, Write
 from django_jobs.worker.postgres_queue import Queue
@@ -43,18 +46,10 @@ class Tail:
             self.cut += excess
 
     def text(self) -> str:
-        """The tail as text, secrets masked, after a marker if the start was cut. A line the cut
-        went through is left out whole, however long: its kept end could be a secret whose key
-        was cut off (``password=`` cut, ``hunter2`` kept), which masking could not know."""
-        data, cut = bytes(self.buffer), self.cut
-        if cut and not self.at_line_start:
-            newline = data.find(b"\n")
-            partial = len(data) if newline < 0 else newline + 1
-            data, cut = data[partial:], cut + partial
-        text = data.decode("utf-8", "replace")
-        if cut:
-            text = f"[… {cut:,} earlier bytes cut: the last {self.limit:,} are kept …]\n" + text
-        return storable_text(mask_text(text))
+        """The tail as stored: from a line start, after a marker if the start was cut. The
+        bytes came masked from the executor (worker/capture.py): nothing is masked here, on
+        the supervisor's loop (see log_tail.py)."""
+        return kept_text(bytes(self.buffer), self.cut, self.at_line_start, self.limit)
 
 
 @dataclasses.dataclass(eq=False)

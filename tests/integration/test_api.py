@@ -159,6 +159,65 @@ def test_a_cancel_request_reaches_the_heartbeat(api: Api) -> None:
     assert ended.data == {"state": "cancelled"}
 
 
+# ---------------------------------------------------------------------- text sent by workers
+
+SECRET_LOG = "connecting\nlogin with password=hunter2 to postgres://app:pw-secret@db/app\n"
+
+
+def test_a_log_sent_by_a_worker_is_stored_masked(api: Api) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    report = api.job(job_id, "progress", job["lease"], log=SECRET_LOG,
+                     progress={"done": 1, "message": "as api_key=sk-live-123"})  # fmt: skip
+    assert report.status_code == 200
+    assert Attempt.objects.get(job_id=job_id).log == (
+        "connecting\nlogin with password=******** to postgres://app:********@db/app\n"
+    )
+    assert Job.objects.get(pk=job_id).progress_message == "as api_key=********"
+
+
+def test_a_log_sent_by_a_worker_keeps_its_last_attempt_log_bytes_from_a_line_start(
+    api: Api,
+) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    # 700 KB, the cut falling in a long line right after "password=": its bare end must go.
+    lines = [f"line {i:06d} " + "x" * 88 + "\n" for i in range(6_200)]
+    log = "".join(lines) + "y" * 25_000 + " password=" + "hunter2" + "z" * 50_000 + "\nlast\n"
+    assert len(log) > 700_000
+    assert api.job(job_id, "progress", job["lease"], log=log).status_code == 200
+    stored = Attempt.objects.get(job_id=job_id).log
+    marker, kept = stored.split("\n", 1)
+    cut = len(log) - len("last\n")
+    assert marker == f"[… {cut:,} earlier bytes cut: the last {64 * 1024:,} are kept …]"
+    assert kept == "last\n" and "hunter2" not in stored
+    with override_settings(JOBS_ATTEMPT_LOG_BYTES=1000):
+        assert api.job(job_id, "progress", job["lease"], log="".join(lines)).status_code == 200
+    stored = Attempt.objects.get(job_id=job_id).log
+    assert stored.endswith("line 006199 " + "x" * 88 + "\n")
+    kept = stored.split("\n", 1)[1]
+    assert kept.startswith("line ") and len(kept.encode()) <= 1000
+
+
+def test_errors_tracebacks_and_release_reasons_sent_by_a_worker_are_stored_masked(
+    api: Api,
+) -> None:
+    job_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
+    job = claimed(api, queues=["remote"])
+    released = api.job(job_id, "release", job["lease"], reason="rotating token=tok-zzz")
+    assert released.data == {"released": True}
+    assert Attempt.objects.get(job_id=job_id).error == "rotating token=********"
+    job = claimed(api, queues=["remote"])
+    failed = api.job(job_id, "finish", job["lease"], outcome="error", retry=False,
+                     error="login failed password=hunter2",
+                     traceback="x" * 30_000 + '\n  connect(password="hunter2")\n')  # fmt: skip
+    assert failed.data == {"state": "error"}
+    attempt = Attempt.objects.get(job_id=job_id, number=1, outcome="error")
+    assert attempt.error == Job.objects.get(pk=job_id).error == "login failed password=********"
+    assert attempt.traceback.endswith("connect(password=********)\n")
+    assert len(attempt.traceback) == 20_000
+
+
 def test_a_job_spawns_children_and_waits_for_them(api: Api) -> None:
     parent_id = api.post("enqueue", {"task": "remote.upper"}).data["job"]["id"]
     job = claimed(api, queues=["remote"])

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from django_jobs.models import Job, Worker
+from django_jobs.models import Attempt, Job, Worker
 from testproject.testjobs.jobs import (
     asks_if_cancelled,
+    chatty,
     crash,
     echo,
     record,
@@ -269,3 +270,18 @@ def test_a_job_on_an_api_worker_asks_the_api_whether_it_is_cancelled_and_spawns_
     children = Job.objects.filter(parent_id=parent.pk)
     assert sorted(c.args[0] for c in children) == ["child 0", "child 1"]
     assert {c.state for c in children} == {"done"}
+
+
+def test_an_api_workers_captured_log_is_stored_as_a_database_workers_is(
+    start_api_worker: Callable[..., WorkerProcess],
+) -> None:
+    job = chatty.enqueue(20_000, line_bytes=100)  # 2 MB: the worker sends its 64 KiB tail
+    worker = start_api_worker("--burst")
+    assert worker.wait(timeout=60) == 0, worker.output
+    log = Attempt.objects.get(job=job).log
+    # Cut once, by the worker, and not again by the server: the worker's count is kept.
+    cut = int(log.split(" earlier bytes cut", 1)[0].removeprefix("[… ").replace(",", ""))
+    assert log.startswith("[… ") and cut > 1_900_000
+    assert len(log.encode()) <= 64 * 1024 + 100 and "line 19999." in log
+    assert "password=********" in log and "token=********" in log
+    assert "hunter2" not in log and "abc123" not in log

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from django_jobs.models import Attempt, Job
 from testproject.testjobs.jobs import chatty, progress
-from tests.conftest import connect, wait_for
+from tests.conftest import ROOT, connect, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,3 +152,47 @@ def test_a_running_jobs_progress_and_last_lines_can_be_watched_live(start_worker
     running = wait_for(midway, timeout=30)
     assert running.state == "running" and running.progress_message.startswith("row ")
     assert worker.wait() == 0, worker.output
+
+
+#: ``runjobworker`` with the supervisor's masking counted (its executors are fresh interpreters,
+#: started by multiprocessing's spawn, which this does not reach): the count is printed at exit.
+COUNTING_SUPERVISOR = """
+import atexit, sys
+from django_jobs import sanitize
+
+masked = []
+real = sanitize._mask_key_values
+
+def counting(text, keys):
+    masked.append(len(text))
+    return real(text, keys)
+
+sanitize._mask_key_values = counting
+atexit.register(lambda: print(f"supervisor masked {len(masked)} texts", flush=True))
+from django.core.management import execute_from_command_line
+execute_from_command_line(["manage.py", "runjobworker", *sys.argv[1:]])
+"""
+
+
+def test_a_worker_stores_its_jobs_output_masked_and_its_supervisor_masks_nothing(
+    worker_env,
+) -> None:
+    # A 24 KiB line (the kind that froze the old supervisor) and secrets, through live writes.
+    long_lines = chatty.enqueue(3, line_bytes=24 * 1024, pause=0.5)
+    failing = chatty.enqueue(3, then="raise")
+    worker = subprocess.run(
+        [sys.executable, "-c", COUNTING_SUPERVISOR, "--burst", "--concurrency", "2"],
+        cwd=ROOT,
+        env={**worker_env, "JOBS_PROGRESS_INTERVAL": "0.1"},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    said = (worker.stdout + worker.stderr)[-3000:]
+    assert worker.returncode == 0, said
+    assert "supervisor masked 0 texts" in worker.stdout, said
+    for job in (long_lines, failing):
+        log = Attempt.objects.get(job=job).log
+        assert "password=********" in log and "token=********" in log
+        assert "hunter2" not in log and "abc123" not in log
+    assert "line 2" + "." * 100 in Attempt.objects.get(job=long_lines).log

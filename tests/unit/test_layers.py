@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "exceptions",
         "storable",
         "sanitize",
+        "log_tail",
         "compat",
         "logs",
         "cursor",

@@ -8,7 +8,9 @@ from typing import Any, cast
 
 import pytest
 
+from django_jobs import sanitize
 from django_jobs.context import JobContext
+from django_jobs.log_tail import stored_log
 from django_jobs.progress import MESSAGE_CHARS, BadProgress, Progress, checked
 from django_jobs.store import Lease
 from django_jobs.worker.executor import (
@@ -53,10 +55,11 @@ def test_bad_progress_never_raises_into_the_job(caplog) -> None:
 def test_the_tail_keeps_the_last_bytes_from_a_line_start_with_a_marker() -> None:
     tail = Tail(100)
     for i in range(1000):
-        tail.add(f"line {i} password=hunter2\n".encode())
+        tail.add(f"line {i} of the output\n".encode())
     text = tail.text()
     assert text.startswith("[… ") and "earlier bytes cut: the last 100 are kept …]\nline " in text
-    assert text.endswith("line 999 password=********\n") and "hunter2" not in text
+    assert text.endswith("line 998 of the output\nline 999 of the output\n")
+    assert len(text.split("]\n", 1)[1].encode()) <= 100
 
 
 def test_the_tail_never_keeps_the_end_of_a_line_the_cut_went_through() -> None:
@@ -74,6 +77,57 @@ def test_a_cut_at_a_line_start_keeps_that_line() -> None:
     tail = Tail(10)
     tail.add(b"123456789\nabcdefghi\n")  # the cut takes the first line and its newline
     assert tail.text().endswith("]\nabcdefghi\n")
+
+
+def test_a_log_sent_whole_is_cut_like_a_tail_and_masked() -> None:
+    log = "x" * 5000 + " password=" + "hunter2\n" + "api_key=sk-123\nlast\n"
+    assert stored_log(log, 100) == (
+        "[… 5,018 earlier bytes cut: the last 100 are kept …]\napi_key=********\nlast\n"
+    )
+    assert stored_log("short password=hunter2\n", 100) == "short password=********\n"
+    assert stored_log("nul\x00", 100).startswith("nul\\x00 [django-jobs: NUL")
+    assert stored_log("anything", 0) == ""
+
+
+def test_a_tail_cut_before_it_was_sent_keeps_its_count_and_is_not_cut_again() -> None:
+    # A worker of the HTTP API sends its tail as a worker of this app keeps it.
+    tail = Tail(1000)
+    for i in range(500):
+        tail.add(f"line {i:03d} {'.' * 20}\n".encode())
+    sent = tail.text()
+    assert sent.startswith("[… 14,010 earlier bytes cut") and len(sent.encode()) > 1000
+    assert stored_log(sent, 1000) == sent
+    smaller = stored_log(sent, 500)
+    assert smaller.startswith("[… 14,520 earlier bytes cut: the last 500 are kept …]\nline 484 ")
+
+
+def test_the_supervisor_never_masks_a_jobs_output(monkeypatch) -> None:
+    """The executor masks what its job writes (worker/capture.py); the supervisor's side, from
+    the bytes read off the output pipe to the live write, masks nothing: with masking made to
+    fail, a megabyte of adversarial output still goes through, as it came."""
+
+    def masked(*args: Any) -> str:
+        raise AssertionError("the supervisor masked a job's output")
+
+    monkeypatch.setattr(sanitize, "_mask_key_values", masked)
+    monkeypatch.setattr(sanitize, "_mask_urls", masked)
+    clock = Clock()
+    queue = FakeQueue(clock)
+    outbox = Outbox(QueueGate(queue))
+    live = LiveWrites(queue, outbox, interval=0.5, clock=clock)
+    watch = Watch(Lease(1, 1, "w", "token"), Tail(64 * 1024))
+    hex_line = b"0123456789abcdef" * 1536 + b"\n"  # 24 KiB
+    started = time.perf_counter()
+    for i in range(40):  # about 1 MiB, a live write every few lines
+        watch.printed(hex_line + f"password=******** line {i}\n".encode())
+        live.step([watch])
+        outbox.flush()
+        clock.advance_to(clock.now + 0.2)
+    live.last(watch)
+    outbox.flush()
+    logs = [log for _, _, log in queue.live if log is not None]
+    assert len(logs) > 10 and logs[-1].endswith("password=******** line 39\n")
+    assert time.perf_counter() - started < 2.0  # milliseconds; generous for a loaded machine
 
 
 def test_a_thousand_reports_a_second_make_one_write_per_interval_and_the_last() -> None:
