@@ -168,9 +168,13 @@ async def _hand_out(request: HttpRequest, job: Any) -> Answer:
     heartbeat nor finish."""
     try:
         await _authenticate(request)
-    except ApiError:
-        reason = "its token was revoked or expired before the claim's answer"
-        await thread_pool.run(operations.release, job.lease, reason)
+    except Exception:
+        # Refused (401), or the check could not be made (503): either way nobody runs the job.
+        reason = "its token was refused before the claim's answer"
+        try:
+            await thread_pool.run(operations.release, job.lease, reason)
+        except (DatabaseError, psycopg.Error) as error:
+            logger.warning("job %s: not released (%s); the reaper will", job.id, error)
         raise
     if not _gone(request):
         return 200, protocol.claimed(job)

@@ -1,7 +1,9 @@
 """The table of API tokens: who may claim, finish and enqueue jobs over the HTTP API.
 
 A token is made by ``manage.py createjobtoken``, which prints it once; only its SHA-256 hash is
-stored. A token holds a list of queues (``["*"]``: every queue) and may be allowed to enqueue.
+stored. A token holds a list of queues (``["*"]``: every queue), may be allowed to enqueue and
+spawn (optionally only some tasks), may expire, and may act for a user, whose deactivation
+refuses it.
 Revoking one (the admin's action) stamps ``revoked_at``; the API refuses it from then on (within
 the few seconds its servers cache a token, see :mod:`django_jobs.tokens.auth`).
 """

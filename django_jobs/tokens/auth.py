@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+from django.utils import timezone
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
@@ -81,13 +82,11 @@ class Grant:
                 f"token {self.name!r} belongs to a deactivated user; reactivate the user or "
                 "make a new token (manage.py createjobtoken)"
             )
-        if self.expires_at is not None:
-            now = now or datetime.datetime.now(datetime.UTC)
-            if now >= self.expires_at:
-                return (
-                    f"token {self.name!r} expired at {self.expires_at.isoformat()}; make a new "
-                    "one (manage.py createjobtoken --expires)"
-                )
+        if self.expires_at is not None and (now or timezone.now()) >= self.expires_at:
+            return (
+                f"token {self.name!r} expired at {self.expires_at.isoformat()}; make a new "
+                "one (manage.py createjobtoken --expires)"
+            )
         return None
 
     @property
@@ -157,7 +156,7 @@ def create(
         raise InvalidOption("a token's lifetime must be positive (90d, 12h, 30m)")
     expires_at = None
     if expires_in is not None:
-        expires_at = datetime.datetime.now(datetime.UTC) + expires_in
+        expires_at = timezone.now() + expires_in
     secret = PREFIX + secrets.token_urlsafe(32)
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor:

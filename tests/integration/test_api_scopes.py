@@ -194,8 +194,13 @@ def test_progress_after_the_finish_keeps_the_finished_attempts_log() -> None:
     assert api.job(job_id, "finish", job["lease"], outcome="done").data == {"state": "done"}
     late = api.job(job_id, "progress", job["lease"], progress={"done": 1}, log="replaced\n")
     assert (late.status_code, late.data) == (409, GENERIC_409)
+    for action, body in [("heartbeat", {}), ("spawn", {"task": "remote.upper"}),
+                         ("release", {}), ("finish", {"outcome": "error"})]:  # fmt: skip
+        response = api.job(job_id, action, job["lease"], **body)
+        assert (response.status_code, response.data) == (409, GENERIC_409), action
     assert Attempt.objects.get(job_id=job_id).log == "final\n"
     assert Job.objects.get(pk=job_id).progress_done == 5
+    assert (Job.objects.get(pk=job_id).state, Job.objects.count()) == ("done", 1)
     # What became of the attempt can still be asked, by its own lease.
     assert api.job(job_id, "outcome", job["lease"]).data == {"outcome": "done"}
 
