@@ -150,7 +150,12 @@ class JobContext:
             parent = job_reads.lock_spawning_parent(cursor, self.job_id)
         if parent is None:
             raise SpawnRefused(f"job {self.job_id} no longer exists; it cannot spawn children")
-        if self.lease is not None and (parent.state != "running" or parent.lease != self.lease):
+        if self.lease is not None and (
+            parent.state != "running"
+            or parent.lease != self.lease
+            or parent.attempt != self.attempt
+            or parent.worker_id != self.worker_id
+        ):
             raise SpawnRefused(
                 f"job {self.job_id} attempt {self.attempt} lost its lease (the job is"
                 f" {parent.state} under another run); it cannot spawn children and should stop"

@@ -158,6 +158,15 @@ def _dependency_ids(task: Task) -> list[int]:
     return sorted({_job_id(dep, "depends_on") for dep in task.depends_on})
 
 
+def missing_dependencies(missing: list[int]) -> DependencyError:
+    """The error of a ``depends_on`` that names the jobs ``missing``, which do not exist (or, to
+    a token of the HTTP API, that it may not see: it is told the same)."""
+    return DependencyError(
+        f"depends_on names jobs that do not exist: {missing}. A job can depend only on "
+        "jobs that already exist (which also rules out cycles)."
+    )
+
+
 def _initial_state(cursor: Cursor, dependency_ids: list[int]) -> tuple[str, str]:
     """The state a new job starts in, given its dependencies; and the reason if cancelled."""
     if not dependency_ids:
@@ -165,10 +174,7 @@ def _initial_state(cursor: Cursor, dependency_ids: list[int]) -> tuple[str, str]
     found = db.execute(cursor, query("read_dependencies"), {"ids": dependency_ids}).fetchall()
     missing = sorted(set(dependency_ids) - {row[0] for row in found})
     if missing:
-        raise DependencyError(
-            f"depends_on names jobs that do not exist: {missing}. A job can depend only on "
-            "jobs that already exist (which also rules out cycles)."
-        )
+        raise missing_dependencies(missing)
     for job_id, state, task in found:
         if state in UNSUCCESSFUL_STATES:
             return (

@@ -17,8 +17,9 @@ from typing import Any
 from django.db import connections
 
 from django_jobs import conf, store, workflows
-from django_jobs.api.protocol import ApiError, Call, Finish, option_field
+from django_jobs.api.protocol import ApiError, Call, Finish, lease_lost, option_field
 from django_jobs.context import JobContext
+from django_jobs.enqueue import missing_dependencies
 from django_jobs.exceptions import (
     DependencyError,
     InvalidOption,
@@ -33,6 +34,7 @@ from django_jobs.sanitize import mask_text
 from django_jobs.storable import storable_text
 from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, job_reads
 from django_jobs.tasks import Task
+from django_jobs.tokens.auth import Grant
 
 #: The longest error message and traceback kept of a finish, in characters: as a worker keeps
 #: them (the start of an error, the end of a traceback).
@@ -148,7 +150,7 @@ def record_live(lease: Lease, progress: Progress | None, log: str | None) -> sto
         # Cut as a worker cuts its tail, then masked: whatever the client sent.
         log = stored_log(log, conf.attempt_log_bytes())
     with _cursor() as cursor:
-        return store.record_live(cursor, lease, progress, log)
+        return store.record_live(cursor, lease, progress, log, whole_lease=True)
 
 
 def attempt_outcome(lease: Lease) -> str | None:
@@ -156,7 +158,17 @@ def attempt_outcome(lease: Lease) -> str | None:
         return store.attempt_outcome(cursor, lease)
 
 
-def _task(call: Call, held: Any) -> Task:
+def _task(call: Call, grant: Grant) -> Task:
+    """The task of an enqueue or a spawn, with its options, within what ``grant`` allows: its
+    tasks, its queues (for a ``*`` token, the declared ones) and, for ``depends_on``, the jobs of
+    its queues (any other job is answered as one that does not exist)."""
+    if not grant.may_enqueue_task(call.task):
+        raise ApiError(
+            403,
+            f"this token may not enqueue task {call.task!r}; its tasks are "
+            f"{', '.join(grant.tasks)} (createjobtoken --tasks)",
+            "task",
+        )
     try:
         task = registry.get(call.task)
     except UnknownTask as error:
@@ -165,21 +177,43 @@ def _task(call: Call, held: Any) -> Task:
         task = task.using(**call.options) if call.options else task
     except InvalidOption as error:
         raise ApiError(400, str(error), option_field(str(error))) from None
-    if not held(task.queue):
-        raise ApiError(403, f"this token does not hold queue {task.queue!r}", "queue")
+    if not grant.may_enqueue_to(task.queue):
+        hint = (
+            " (a * token enqueues into the queues the settings declare: JOBS_QUEUES, else the "
+            "default queue and those of registered tasks)"
+            if grant.all_queues
+            else ""
+        )
+        raise ApiError(403, f"this token may not enqueue into queue {task.queue!r}{hint}", "queue")
+    _check_dependencies(task, grant)
     return task
 
 
-def enqueue(call: Call, held: Any) -> Any:
-    task = _task(call, held)
+def _check_dependencies(task: Task, grant: Grant) -> None:
+    ids = [dep for dep in task.depends_on if isinstance(dep, int)]
+    if not ids:
+        return
+    with _cursor() as cursor:  # an id out of bigint's range names no job
+        queues = job_reads.job_queues(cursor, [i for i in ids if 0 < i < 2**63])
+    hidden = sorted({i for i in ids if i not in queues or not grant.holds(queues[i])})
+    if hidden:
+        error = missing_dependencies(hidden)
+        raise ApiError(400, str(error), option_field(str(error)))
+
+
+def enqueue(call: Call, grant: Grant) -> Any:
+    task = _task(call, grant)
     try:
         return task.enqueue(*call.args, **call.kwargs)
     except (InvalidPayload, InvalidOption, DependencyError) as error:
         raise ApiError(400, str(error), option_field(str(error))) from None
 
 
-def spawn(lease: Lease, call: Call, held: Any) -> Any:
-    task = _task(call, held)
+def spawn(lease: Lease, call: Call, grant: Grant) -> Any:
+    """A child of the job of ``lease``, enqueued only while all of the lease holds (job,
+    attempt, token and worker) and the job is not being cancelled; else the one generic 409
+    of a lost lease, which says nothing of the job."""
+    task = _task(call, grant)
     run = JobContext(
         job_id=lease.job_id,
         task="",
@@ -190,7 +224,7 @@ def spawn(lease: Lease, call: Call, held: Any) -> Any:
     )
     try:
         return run.spawn(task, *call.args, **call.kwargs)
-    except SpawnRefused as error:
-        raise ApiError(409, str(error), "lease") from None
+    except SpawnRefused:
+        raise lease_lost() from None
     except (InvalidPayload, InvalidOption, DependencyError) as error:
         raise ApiError(400, str(error), option_field(str(error))) from None

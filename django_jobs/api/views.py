@@ -77,6 +77,9 @@ async def _authenticate(request: HttpRequest) -> Grant:
     if grant is None:
         raise ApiError(401, "unknown or revoked token")
     assert isinstance(grant, Grant)
+    refusal = grant.refusal()
+    if refusal is not None:
+        raise ApiError(401, refusal)
     return grant
 
 
@@ -160,7 +163,19 @@ def _gone(request: HttpRequest) -> bool:
 async def _hand_out(request: HttpRequest, job: Any) -> Answer:
     """The answer of a claim that got ``job``; or, if the worker hung up while it waited (a
     long poll it gave up on, a worker stopped), the job released unused: no worker would ever
-    run or heartbeat it, and only the reaper would find it."""
+    run or heartbeat it, and only the reaper would find it. The token is checked again first:
+    one revoked (or expired) while its claim waited gets no job, which it could neither
+    heartbeat nor finish."""
+    try:
+        await _authenticate(request)
+    except Exception:
+        # Refused (401), or the check could not be made (503): either way nobody runs the job.
+        reason = "its token was refused before the claim's answer"
+        try:
+            await thread_pool.run(operations.release, job.lease, reason)
+        except (DatabaseError, psycopg.Error) as error:
+            logger.warning("job %s: not released (%s); the reaper will", job.id, error)
+        raise
     if not _gone(request):
         return 200, protocol.claimed(job)
     reason = "its worker hung up before the claim's answer"
@@ -265,14 +280,19 @@ async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job
 @endpoint
 async def outcome(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
-    return 200, {"outcome": await thread_pool.run(operations.attempt_outcome, lease)}
+    found = await thread_pool.run(operations.attempt_outcome, lease)
+    if found is None:
+        raise protocol.lease_lost()  # no attempt carries all of this lease
+    return 200, {"outcome": found}
 
 
 @endpoint
 async def spawn(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    if not grant.can_enqueue:
+        raise ApiError(403, "this token may not spawn children (createjobtoken --can-enqueue)")
     lease = _lease(grant, body, job_id)
     call = protocol.call(body)
-    child = await thread_pool.run(operations.spawn, lease, call, grant.holds)
+    child = await thread_pool.run(operations.spawn, lease, call, grant)
     return 201, protocol.enqueued(child)
 
 
@@ -284,5 +304,5 @@ async def enqueue(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> A
     if not grant.can_enqueue:
         raise ApiError(403, "this token may not enqueue (createjobtoken --can-enqueue)")
     call = protocol.call(body)
-    job = await thread_pool.run(operations.enqueue, call, grant.holds)
+    job = await thread_pool.run(operations.enqueue, call, grant)
     return 201, protocol.enqueued(job)

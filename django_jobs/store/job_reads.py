@@ -34,6 +34,8 @@ class SpawningParent(NamedTuple):
     #: The token of its current claim, if it has one.
     lease: str | None
     cancel_requested: bool
+    attempt: int
+    worker_id: str | None
 
 
 def lock_spawning_parent(cursor: Cursor, job_id: int) -> SpawningParent | None:
@@ -41,6 +43,17 @@ def lock_spawning_parent(cursor: Cursor, job_id: int) -> SpawningParent | None:
     if there is no such job."""
     result = db.execute(cursor, query("lock_spawning_parent"), {"id": job_id})
     return db.fetch_one_as(result, SpawningParent)
+
+
+class _Queue(NamedTuple):
+    id: int
+    queue: str
+
+
+def job_queues(cursor: Cursor, job_ids: Sequence[int]) -> dict[int, str]:
+    """The queue of each of the jobs ``job_ids`` that exists."""
+    result = db.execute(cursor, query("job_queues"), {"ids": list(job_ids)})
+    return {row.id: row.queue for row in db.fetch_all_as(result, _Queue)}
 
 
 class _Task(NamedTuple):

@@ -22,11 +22,19 @@ class Recorded(NamedTuple):
 
 
 def record_live(
-    cursor: Cursor, lease: Lease, progress: Progress | None, log: str | None
+    cursor: Cursor,
+    lease: Lease,
+    progress: Progress | None,
+    log: str | None,
+    *,
+    whole_lease: bool = False,
 ) -> Recorded:
     """Write ``progress`` on the job and ``log`` on the attempt of ``lease`` (``None``: leave
-    that part as it is)."""
+    that part as it is). ``whole_lease``: match the lease's worker too, and write only while
+    the attempt runs (what the HTTP API asks); else the last values of a worker of this app,
+    queued before its finish, may land after it."""
     params = {
+        "worker_id": lease.worker_id if whole_lease else None,
         "job_id": lease.job_id,
         "attempt": lease.attempt,
         "lease": lease.token,

@@ -62,8 +62,10 @@ def heartbeat(
 ) -> Beat:
     """Record that ``worker`` is alive; report on its leases, and on its orphans: jobs running
     under its id that are neither leased nor ``unwritten`` (ended by the worker, with the write
-    saying so still to be made)."""
+    saying so still to be made). A lease is held only if all of it matches: its job, token,
+    worker and attempt number."""
     job_ids = [lease.job_id for lease in leases]
+    attempts = {lease.token: lease.attempt for lease in leases}
     result = db.execute(
         cursor,
         query("heartbeat"),
@@ -81,9 +83,8 @@ def heartbeat(
         if row.orphan:
             orphans.append(Lease(row.job_id, row.attempt, worker.id, row.token))
         else:
-            statuses[row.token] = LeaseStatus(
-                row.job_id, bool(row.held), bool(row.cancel_requested)
-            )
+            held = bool(row.held) and attempts.get(row.token) == row.attempt
+            statuses[row.token] = LeaseStatus(row.job_id, held, bool(row.cancel_requested))
     return Beat(statuses, orphans)
 
 

@@ -1,47 +1,144 @@
-"""The admin of API tokens: who may use the HTTP API, for which queues, when last used; and
-revoking (permission ``django_jobs.revoke_apitoken``). Tokens are made with
-``manage.py createjobtoken``, which prints a token once: the admin never shows one.
+"""The admin of API tokens: who may use the HTTP API, for which queues and tasks, until when,
+for which user, when last used; making one (permission ``django_jobs.add_apitoken``), revoking
+(``django_jobs.revoke_apitoken``) and deleting (``django_jobs.delete_apitoken``).
+
+A token made here is shown once, on the page that answers its creation, and never again: only
+its hash is stored. Its user is the one who made it. A token cannot be changed: make another
+with the scope you want and revoke the old one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 from django_jobs import conf
+from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ApiToken
 from django_jobs.store import db
 from django_jobs.tokens import auth
 
-FIELDS = ("name", "prefix", "queues", "can_enqueue", "created_at", "created_by", "last_used_at",
-          "revoked_at")  # fmt: skip
+FIELDS = ("name", "prefix", "queues", "can_enqueue", "tasks", "expires_at", "created_at",
+          "created_by", "user", "last_used_at", "revoked_at")  # fmt: skip
+#: What the creation form asks.
+NEW_FIELDS = ("name", "queues", "can_enqueue", "tasks", "expires")
+
+
+class NewTokenForm(forms.ModelForm):
+    """A new token's name and scope, checked as ``manage.py createjobtoken`` checks them."""
+
+    queues = forms.CharField(
+        help_text="Comma-separated queues it may claim from (and enqueue to), or * for every "
+        "queue (it enqueues only into the queues the settings declare)."
+    )
+    tasks = forms.CharField(
+        required=False,
+        help_text="Comma-separated tasks it may enqueue and spawn; empty: any task of its queues.",
+    )
+    expires = forms.CharField(
+        required=False,
+        help_text="Lifetime: 90d, 12h or 30m; empty: it never expires.",
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["name", "can_enqueue"]
+
+    def clean_name(self) -> str:
+        name = str(self.cleaned_data["name"])
+        if not auth.NAME.match(name):
+            raise forms.ValidationError("Use letters, digits, '.', '_' and '-' (at most 100).")
+        return name
+
+    def clean_queues(self) -> list[str]:
+        return _checked(auth.check_queues, str(self.cleaned_data["queues"]).split(","))
+
+    def clean_tasks(self) -> list[str]:
+        return _checked(auth.check_tasks, str(self.cleaned_data["tasks"]).split(","))
+
+    def clean_expires(self) -> Any:
+        text = str(self.cleaned_data["expires"] or "").strip()
+        return _checked(auth.lifetime, text) if text else None
+
+
+def _checked(check: Any, value: Any) -> Any:
+    try:
+        return check(value)
+    except InvalidOption as error:
+        raise forms.ValidationError(str(error)) from None
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "shown_queues", "can_enqueue", "created_at", "last_used_at",
-                    "revoked_at"]  # fmt: skip
+    list_display = ["name", "prefix", "shown_queues", "can_enqueue", "expires_at", "user",
+                    "created_at", "last_used_at", "revoked_at"]  # fmt: skip
     list_filter = ["can_enqueue"]
     search_fields = ["name"]
     actions = ["revoke_tokens"]
-    fields = FIELDS
-    readonly_fields = FIELDS
+    form = NewTokenForm
 
     @admin.display(description="queues")
     def shown_queues(self, obj: ApiToken) -> str:
         return ", ".join(obj.queues)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # manage.py createjobtoken prints the token once
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return FIELDS if obj is not None else NEW_FIELDS
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return FIELDS if obj is not None else ()
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is not None:
+            kwargs["form"] = forms.ModelForm
+        return super().get_form(request, obj, change, **kwargs)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+        return False  # a token's scope is fixed: make another, revoke this one
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_jobs.revoke_apitoken")
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        """Store the new token as ``createjobtoken`` does, its user the one who made it; the
+        token itself is kept on ``obj`` only until :meth:`response_add` shows it."""
+        data = form.cleaned_data
+        row, secret = auth.create(
+            data["name"],
+            data["queues"],
+            can_enqueue=bool(data["can_enqueue"]),
+            tasks=data["tasks"],
+            expires_in=data["expires"],
+            user=request.user,
+        )
+        for field in ApiToken._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(row, field.attname))
+        obj._state.adding = False
+        obj._state.db = row._state.db
+        obj.shown_once = secret  # type: ignore[attr-defined]
+
+    def response_add(
+        self, request: HttpRequest, obj: Any, post_url_continue: Any = None
+    ) -> HttpResponse:
+        secret = getattr(obj, "shown_once", None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"API token {obj.name}",
+            "opts": self.opts,
+            "token": obj,
+            "secret": secret,
+        }
+        response = TemplateResponse(request, "admin/django_jobs/apitoken/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:

@@ -10,6 +10,7 @@ refused within that long.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import logging
 import re
@@ -17,13 +18,16 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+from django.utils import timezone
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ALL_QUEUES, ApiToken
+from django_jobs.registry import registry
 from django_jobs.store import api_tokens, db
 
 logger = logging.getLogger("django_jobs.api")
@@ -34,6 +38,9 @@ CACHE_SECONDS = 10.0
 #: How often a token's last_used_at is written, at most.
 USE_STAMP_SECONDS = 60.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: A token's lifetime as createjobtoken --expires takes it: 90d, 12h, 30m.
+LIFETIME = re.compile(r"^([1-9][0-9]{0,5})([dhm])$")
+_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +51,43 @@ class Grant:
     name: str
     queues: tuple[str, ...]
     can_enqueue: bool
+    #: The tasks it may enqueue and spawn; empty: every task.
+    tasks: tuple[str, ...] = ()
+    expires_at: datetime.datetime | None = None
+    #: Whether the user it acts for was deactivated.
+    user_inactive: bool = False
 
     @property
     def all_queues(self) -> bool:
         return ALL_QUEUES in self.queues
 
     def holds(self, queue: str) -> bool:
+        """Whether it may claim from ``queue`` and see its jobs (as ``depends_on``)."""
         return self.all_queues or queue in self.queues
+
+    def may_enqueue_to(self, queue: str) -> bool:
+        """Whether it may enqueue (and spawn) into ``queue``: one of its queues; for a ``*``
+        token, one of the queues the settings declare (:meth:`Registry.queues`)."""
+        if self.all_queues:
+            return queue in registry.queues()
+        return queue in self.queues
+
+    def may_enqueue_task(self, task: str) -> bool:
+        return not self.tasks or task in self.tasks
+
+    def refusal(self, now: datetime.datetime | None = None) -> str | None:
+        """Why the API refuses it, though it is not revoked; None if it does not."""
+        if self.user_inactive:
+            return (
+                f"token {self.name!r} belongs to a deactivated user; reactivate the user or "
+                "make a new token (manage.py createjobtoken)"
+            )
+        if self.expires_at is not None and (now or timezone.now()) >= self.expires_at:
+            return (
+                f"token {self.name!r} expired at {self.expires_at.isoformat()}; make a new "
+                "one (manage.py createjobtoken --expires)"
+            )
+        return None
 
     @property
     def worker_prefix(self) -> str:
@@ -73,15 +110,53 @@ def check_queues(queues: Sequence[str]) -> list[str]:
     return sorted(set(names))
 
 
+def check_tasks(tasks: Sequence[str]) -> list[str]:
+    """The task list of a new token, checked: registered tasks (none: every task)."""
+    names = sorted({t.strip() for t in tasks if t.strip()})
+    known = set(registry.names())
+    for name in names:
+        if name not in known:
+            raise InvalidOption(
+                f"{name!r} is not a registered task; give task names as @job registers them "
+                "(see the admin's task filter)"
+            )
+    return names
+
+
+def lifetime(text: str) -> datetime.timedelta:
+    """A token's lifetime written ``90d``, ``12h`` or ``30m``."""
+    match = LIFETIME.match(text.strip())
+    if match is None:
+        raise InvalidOption(
+            f"{text!r} is not a lifetime: write a number and d, h or m (90d, 12h, 30m)"
+        )
+    return datetime.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
 def create(
-    name: str, queues: Sequence[str], *, can_enqueue: bool = False, created_by: str = ""
+    name: str,
+    queues: Sequence[str],
+    *,
+    can_enqueue: bool = False,
+    created_by: str = "",
+    tasks: Sequence[str] = (),
+    expires_in: datetime.timedelta | None = None,
+    user: Any = None,
 ) -> tuple[ApiToken, str]:
-    """Store a new token; return its row and the token itself, which is not stored."""
+    """Store a new token; return its row and the token itself, which is not stored. ``user``
+    (a user of ``AUTH_USER_MODEL``) is the one it acts for: it is refused while that user is
+    inactive."""
     if not NAME.match(name):
         raise InvalidOption(
             f"{name!r} is not a token name: use letters, digits, '.', '_' and '-' (at most 100)"
         )
     checked = check_queues(queues)
+    checked_tasks = check_tasks(tasks)
+    if expires_in is not None and expires_in <= datetime.timedelta(0):
+        raise InvalidOption("a token's lifetime must be positive (90d, 12h, 30m)")
+    expires_at = None
+    if expires_in is not None:
+        expires_at = timezone.now() + expires_in
     secret = PREFIX + secrets.token_urlsafe(32)
     alias = conf.database_alias()
     with connections[alias].cursor() as cursor:
@@ -93,7 +168,10 @@ def create(
             prefix=secret[: len(PREFIX) + 4],
             queues=checked,
             can_enqueue=can_enqueue,
-            created_by=created_by,
+            tasks=checked_tasks,
+            expires_at=expires_at,
+            created_by=created_by or (user.get_username() if user is not None else ""),
+            user_id=None if user is None else user.pk,
         )
     return row, secret
 
@@ -147,7 +225,20 @@ class TokenCache:
             row = api_tokens.token_grant(cursor, key)
         if row is None:
             return None
-        return Grant(row.id, row.name, tuple(row.queues or ()), bool(row.can_enqueue))
+        inactive = False
+        if row.user_id is not None:
+            users = router.db_for_read(ApiToken._meta.get_field("user").related_model)
+            with connections[users or DEFAULT_DB_ALIAS].cursor() as cursor:
+                inactive = not api_tokens.user_active(cursor, row.user_id)
+        return Grant(
+            row.id,
+            row.name,
+            tuple(row.queues or ()),
+            bool(row.can_enqueue),
+            tasks=tuple(row.tasks or ()),
+            expires_at=row.expires_at,
+            user_inactive=inactive,
+        )
 
     def _stamp(self, grant: Grant, now: float) -> None:
         with self._lock:

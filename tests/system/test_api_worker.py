@@ -99,10 +99,10 @@ def api_url(api_server: ApiServer) -> str:
 
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
-    """A file holding a token for every queue."""
+    """A file holding a token for every queue, which may enqueue (a job spawns through it)."""
     from django_jobs.tokens import auth
 
-    _, secret = auth.create(f"t-{uuid.uuid4().hex[:8]}", ["*"])
+    _, secret = auth.create(f"t-{uuid.uuid4().hex[:8]}", ["*"], can_enqueue=True)
     path = tmp_path / "token"
     path.write_text(secret + "\n")
     return path

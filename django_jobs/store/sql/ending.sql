@@ -128,5 +128,8 @@ FROM verdict v
 -- What became of one claim's attempt: its outcome ('running' while it runs), or no row if no
 -- attempt row carries that lease. A worker asks when a write it retried after a broken
 -- connection matched nothing: if the first try had committed, the outcome is the one it wrote.
--- Index: attempt_job_number_idx (its leading column, job_id).
-SELECT outcome FROM django_jobs_attempt WHERE job_id = %(job_id)s AND lease = %(lease)s::uuid
+-- The whole lease is matched (attempt number and worker too), as the HTTP API asks of a lease
+-- its client sends. Index: attempt_job_number_idx.
+SELECT outcome FROM django_jobs_attempt
+WHERE job_id = %(job_id)s AND number = %(attempt)s AND lease = %(lease)s::uuid
+  AND worker_id = %(worker_id)s

@@ -1,0 +1,109 @@
+"""API tokens in the admin: made (shown once, recorded as made by the user who made it),
+revoked and deleted, each only with its permission."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from django_jobs.api import thread_pool
+from django_jobs.api.waiting import dispatcher
+from django_jobs.models import ApiToken
+from django_jobs.tokens import auth
+from tests.integration.test_api import Api
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/admin/django_jobs/apitoken/"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def api_pool() -> Iterator[None]:
+    yield
+    dispatcher.stop()
+    thread_pool.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    auth.cache.forget()
+    yield
+
+
+def staff(name: str, *codenames: str) -> tuple[User, Client]:
+    user = User.objects.create_user(name, password="x", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=["view_apitoken", *codenames]))
+    client = Client(HTTP_HOST="localhost")
+    client.force_login(user)
+    return user, client
+
+
+NEW = {"name": "fleet", "queues": "remote, default", "can_enqueue": "on",
+       "tasks": "remote.upper", "expires": "90d"}  # fmt: skip
+
+
+def test_a_token_is_made_in_the_admin_and_shown_once() -> None:
+    user, maker = staff("maker", "add_apitoken")
+    form = maker.get(f"{URL}add/")
+    assert form.status_code == 200 and b'name="expires"' in form.content
+    made = maker.post(f"{URL}add/", NEW)
+    assert made.status_code == 200, made.content[:2000]
+    assert "no-store" in made["Cache-Control"]
+    found = re.search(rb'<code id="api-token">(djt_[A-Za-z0-9_-]+)</code>', made.content)
+    assert found, made.content[:2000]
+    secret = found.group(1).decode()
+    row = ApiToken.objects.get(name="fleet")
+    assert row.token_hash == auth.digest(secret)
+    assert (row.queues, row.can_enqueue, row.tasks) == (["default", "remote"], True,
+                                                        ["remote.upper"])  # fmt: skip
+    assert (row.user_id, row.created_by, row.expires_at is not None) == (user.pk, "maker", True)
+    assert Api(secret).claim(queues=["remote"]).status_code == 204
+    # Never again: neither the list nor the token's page shows it.
+    for page in (maker.get(URL), maker.get(f"{URL}{row.pk}/change/")):
+        assert page.status_code == 200 and b"fleet" in page.content
+        assert secret.encode() not in page.content
+        assert row.token_hash.encode() not in page.content
+
+
+def test_a_bad_new_token_is_refused_with_the_fields_error() -> None:
+    _, maker = staff("maker", "add_apitoken")
+    for field, value, message in [
+        ("name", "no spaces", b"letters, digits"),
+        ("queues", " , ", b"at least one queue"),
+        ("tasks", "no.such.task", b"not a registered task"),
+        ("expires", "forever", b"not a lifetime"),
+    ]:
+        answer = maker.post(f"{URL}add/", {**NEW, field: value})
+        assert answer.status_code == 200 and message in answer.content, field
+    auth.create("fleet", ["remote"])
+    taken = maker.post(f"{URL}add/", NEW)
+    assert b"already exists" in taken.content
+    assert ApiToken.objects.count() == 1
+
+
+def test_making_revoking_and_deleting_need_their_permissions() -> None:
+    _, viewer = staff("viewer")
+    assert viewer.get(f"{URL}add/").status_code == 403
+    assert viewer.post(f"{URL}add/", NEW).status_code == 403
+    assert not ApiToken.objects.exists()
+    row, secret = auth.create("fleet", ["remote"])
+    viewer.post(URL, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    viewer.post(URL, {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"})
+    assert viewer.post(f"{URL}{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    row.refresh_from_db()
+    assert row.revoked_at is None  # a forged POST without the permission changes nothing
+
+    _, revoker = staff("revoker", "revoke_apitoken")
+    revoker.post(URL, {"action": "revoke_tokens", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    auth.cache.forget()
+    assert Api(secret).claim(queues=["remote"]).status_code == 401
+
+    _, deleter = staff("deleter", "delete_apitoken")
+    assert deleter.post(f"{URL}{row.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not ApiToken.objects.exists()
