@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobs", "0015_api_tokens"),
+        ("django_jobs", "0016_token_scopes_expiry_and_user"),
     ]
 
     operations = [

@@ -45,7 +45,7 @@ LEFT JOIN django_jobs_queue c ON c.name = d.queue
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_jobs", "0015_api_tokens"),
+        ("django_jobs", "0017_when_queue_paused"),
     ]
 
     operations = [
