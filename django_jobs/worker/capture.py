@@ -10,9 +10,11 @@ never masks anything. Each line reaches the pipe once it ends, before the write 
 returns, so what a job wrote before it crashed or was killed is already with the supervisor, but
 for a last line it had not ended.
 
-Capture changes nothing the job would otherwise see or print. To capture records below the
-level the job's loggers let through (Django leaves the root logger at WARNING), the root logger
-is lowered for the attempt, and every handler that was there before gets a filter that keeps
+Capture changes nothing the job would otherwise see or print, except that each line it prints
+reaches the worker's output with the job's id in front (``[job 42] ``), so that the jobs' lines
+can be told apart among the worker's; the captured copy has no such prefix. To capture records
+below the level the job's loggers let through (Django leaves the root logger at WARNING), the root
+logger is lowered for the attempt, and every handler that was there before gets a filter that keeps
 its old threshold; a record that no handler would have taken still goes to Python's last-resort
 handler, as it did.
 """
@@ -155,25 +157,56 @@ class MaskedLines:
             self.sink.write(mask_text(text, self.keys))
 
 
+class LineStarts:
+    """Whether the worker's stream is at the start of a line, shared by its text and its bytes,
+    so that each line a job prints there starts with the job's id once."""
+
+    def __init__(self, prefix: str) -> None:
+        self.text = prefix
+        self.bytes = prefix.encode()
+        self.at_start = True
+
+    def text_lines(self, text: str) -> str:
+        out = []
+        for line in text.splitlines(keepends=True):
+            if self.at_start:
+                out.append(self.text)
+            out.append(line)
+            self.at_start = line.endswith("\n")
+        return "".join(out)
+
+    def byte_lines(self, data: bytes) -> bytes:
+        out = []
+        for line in data.splitlines(keepends=True):
+            if self.at_start:
+                out.append(self.bytes)
+            out.append(line)
+            self.at_start = line.endswith(b"\n")
+        return b"".join(out)
+
+
 class Tee:
     """A text stream that also copies what is written to a :class:`Sink`; its ``buffer`` (the
-    bytes under ``sys.stdout``) copies what is written there too."""
+    bytes under ``sys.stdout``) copies what is written there too. With ``starts``, what goes to
+    the stream has the job's id at the start of each line."""
 
-    def __init__(self, stream: TextIO, sink: Output) -> None:
+    def __init__(self, stream: TextIO, sink: Output, starts: LineStarts | None = None) -> None:
         self._stream = stream
         self._sink = sink
+        self._starts = starts
         self._buffer: BufferTee | None = None
 
     @property
     def buffer(self) -> BufferTee:
         if self._buffer is None:
-            self._buffer = BufferTee(self._stream, self._sink)
+            self._buffer = BufferTee(self._stream, self._sink, self._starts)
         return self._buffer
 
     def write(self, text: str) -> int:
-        written = self._stream.write(text)
+        shown = text if self._starts is None else self._starts.text_lines(text)
+        self._stream.write(shown)
         self._sink.write(text)
-        return written
+        return len(text)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -187,17 +220,19 @@ class BufferTee:
     """``sys.stdout.buffer`` (or stderr's) during an attempt: bytes written there go where they
     went before, and a copy goes down the pipe."""
 
-    def __init__(self, stream: TextIO, sink: Output) -> None:
+    def __init__(self, stream: TextIO, sink: Output, starts: LineStarts | None = None) -> None:
         self._stream = stream
         self._raw = stream.buffer  # AttributeError where the stream has none, as before
         self._sink = sink
+        self._starts = starts
 
     def write(self, data: Any) -> int:
         # Text printed before these bytes was copied when it was written; the stream's own
         # order is its business, as without capture.
-        written = self._raw.write(data)
-        self._sink.write_bytes(bytes(data))
-        return int(written)
+        data = bytes(data)
+        self._raw.write(data if self._starts is None else self._starts.byte_lines(data))
+        self._sink.write_bytes(data)
+        return len(data)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -282,9 +317,12 @@ def _handlers() -> set[logging.Handler]:
 
 
 @contextlib.contextmanager
-def captured(sink: Sink | None, level: int, hold: int = 64 * 1024) -> Iterator[None]:
+def captured(
+    sink: Sink | None, level: int, hold: int = 64 * 1024, prefix: str = ""
+) -> Iterator[None]:
     """Copy what the job prints and logs to ``sink``, masked, while the block runs (``None``:
-    don't); ``hold`` is the longest unended line kept back to be masked whole."""
+    don't); ``hold`` is the longest unended line kept back to be masked whole. What the job
+    prints still goes to the worker's output, each line starting with ``prefix``."""
     if sink is None:
         yield
         return
@@ -300,7 +338,9 @@ def captured(sink: Sink | None, level: int, hold: int = 64 * 1024) -> Iterator[N
     if lowered or level < root_level:
         root.setLevel(level)
     root.addHandler(handler)
-    sys.stdout, sys.stderr = Tee(stdout, masked), Tee(stderr, masked)
+    out_starts = LineStarts(prefix) if prefix else None
+    err_starts = LineStarts(prefix) if prefix else None
+    sys.stdout, sys.stderr = Tee(stdout, masked, out_starts), Tee(stderr, masked, err_starts)
     try:
         yield
     finally:

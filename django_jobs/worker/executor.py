@@ -152,7 +152,8 @@ def run_assignment(
     from django_jobs import conf
     from django_jobs.storable import storable_text
 
-    with captured(output, conf.capture_log_level(), conf.attempt_log_bytes()):
+    prefix = f"[job {assignment.job_id}] "
+    with captured(output, conf.capture_log_level(), conf.attempt_log_bytes(), prefix):
         report = _run(assignment, report_progress)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -4,6 +4,7 @@ to the streams' buffers."""
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 import time
@@ -126,3 +127,30 @@ def test_a_progress_bar_redrawn_with_carriage_returns_goes_as_it_is_drawn() -> N
     os.close(write_end)
     assert os.read(read_end, 1024) == b" 20% |##\r\nsecret:\r\n  ********\r\n"
     os.close(read_end)
+
+
+def test_the_workers_output_has_the_job_id_at_each_line_start_and_the_copy_has_none(
+    capfdbinary,
+) -> None:
+    import sys as _sys
+
+    from django_jobs.worker.capture import captured
+
+    read, write = os.pipe()
+    with captured(Sink(write), logging.WARNING, prefix="[job 7] "):
+        print("first line")
+        print("a line in ", end="")
+        print("two writes")
+        _sys.stdout.buffer.write(b"bytes one\nbytes ")
+        _sys.stdout.buffer.write(b"two\n")
+        _sys.stdout.flush()
+    os.close(write)
+    copy = b""
+    while chunk := os.read(read, 65536):
+        copy += chunk
+    os.close(read)
+    shown = capfdbinary.readouterr().out
+    assert shown == (
+        b"[job 7] first line\n[job 7] a line in two writes\n[job 7] bytes one\n[job 7] bytes two\n"
+    )
+    assert copy == b"first line\na line in two writes\nbytes one\nbytes two\n"
