@@ -436,6 +436,29 @@ def test_kubeconfig_exec_plugin_token_is_sent(start_api, certs, tmp_path) -> Non
     assert api.requests == [("/api/v1/namespaces/jobs/pods", "Bearer exec-token")]
 
 
+def test_a_failing_exec_plugin_leaves_the_pass_to_heartbeats(api, tmp_path, reaper_log) -> None:
+    plugin = tmp_path / "get-token.py"
+    plugin.write_text("import sys\nsys.exit('token expired: run `aws sso login`')\n")
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": sys.executable,
+            "args": [str(plugin)],
+        }
+    }
+    api.forbidden = "Unauthorized"  # an API server refuses a request without credentials
+    job = running_on(GONE)
+    settings = {
+        **kubernetes(api),
+        "JOBS_KUBERNETES": {"kubeconfig": kubeconfig(tmp_path, api.url, user=user)},
+    }
+    assert reaped(settings) == {}
+    assert Job.objects.get(pk=job.pk).state == "running"
+    assert [auth for _, auth in api.requests] == [None]
+    (message,) = [r.getMessage() for r in reaper_log if "Kubernetes API" in r.getMessage()]
+    assert "judging workers by their heartbeats alone" in message
+
+
 def test_kubeconfig_impersonation_is_refused_by_name(api, tmp_path) -> None:
     # The client does not impersonate: it would act with the user's own credentials.
     config = kubeconfig(tmp_path, api.url, user={"token": "t", "as": "system:admin"})
