@@ -7,24 +7,19 @@ operator chose, not data from a job row). Two ship with django-jobs:
   last heartbeat is older than ``JOBS_WORKER_TIMEOUT`` (by the database's clock).
 - :class:`KubernetesLiveness`: as above, and also when the pod the worker recorded as its own
   (``POD_NAME``) no longer exists or has ended, or the worker's container in it has restarted
-  since the worker was first seen. It needs no client library: it reads the pod list from the
-  Kubernetes API with the pod's service account, a URL and token from settings, or a kubeconfig
-  (JSON, or YAML with the ``kubernetes`` extra). When the API cannot be reached, a pass judges
-  by heartbeats alone.
+  since the worker was first seen. It reads the pod list with the official Kubernetes client
+  (the ``kubernetes`` extra), using the pod's service account, a URL and token from settings, or
+  a kubeconfig. When the API cannot be reached, a pass judges by heartbeats alone.
 """
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import dataclasses
-import http.client
 import json
 import logging
 import os
-import ssl
-import tempfile
-import urllib.parse
-import urllib.request
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,12 +69,11 @@ class HeartbeatLiveness:
         return dead
 
 
-# What a failed pod list can raise: no connection, TLS, a timeout or an HTTP error status (all
-# OSError), a broken response, or a body that is not a pod list.
-API_ERRORS = (OSError, http.client.HTTPException, ValueError, KeyError, TypeError)
-
 #: The annotation by which kubectl picks a pod's main container.
 DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
+
+#: The extra that installs the official Kubernetes client.
+KUBERNETES_EXTRA = "pip install 'django-pgjobs[kubernetes]'"
 
 
 class KubernetesLiveness(HeartbeatLiveness):
@@ -101,6 +95,8 @@ class KubernetesLiveness(HeartbeatLiveness):
     """
 
     SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+    #: Seconds a pod list may take, so that a hung API server cannot stall the reaper.
+    TIMEOUT = 10.0
 
     def __init__(self, worker_timeout: float | None = None) -> None:
         super().__init__(worker_timeout)
@@ -112,10 +108,7 @@ class KubernetesLiveness(HeartbeatLiveness):
 
     def list_pods(self) -> dict[str, dict[str, Any]]:
         """Pods of the namespace by name, as the API returns them."""
-        path = f"/api/v1/namespaces/{urllib.parse.quote(self.api.namespace)}/pods"
-        if self.label_selector:
-            path += "?labelSelector=" + urllib.parse.quote(self.label_selector)
-        body = self.api.get(path)
+        body = self.api.list_pods(self.label_selector, self.TIMEOUT)
         return {pod["metadata"]["name"]: pod for pod in body.get("items", [])}
 
     def worker_container(self, pod: dict[str, Any]) -> str | None:
@@ -146,13 +139,12 @@ class KubernetesLiveness(HeartbeatLiveness):
             return dead
         try:
             pods = self.list_pods()
-        except API_ERRORS as exc:
+        except api_errors() as exc:
             logger.warning(
-                "Kubernetes API at %s could not list pods (%s: %s); judging workers by their "
+                "Kubernetes API at %s could not list pods (%s); judging workers by their "
                 "heartbeats alone this pass",
                 self.api.url,
-                type(exc).__name__,
-                exc,
+                describe_error(exc),
             )
             return dead
         misnamed = []
@@ -186,192 +178,170 @@ class KubernetesLiveness(HeartbeatLiveness):
 
 @dataclasses.dataclass(frozen=True)
 class KubernetesApi:
-    """Where the Kubernetes API is, and how to reach it: a bearer token, and for https, the
-    TLS context (which checks the server's certificate and may present a client certificate)."""
+    """Where the Kubernetes API is (``url``, for messages), the namespace to list, and how to
+    reach it: a ``kubernetes.client.Configuration`` (server, credentials and TLS)."""
 
     url: str
     namespace: str
-    token: str | None = None
-    tls: ssl.SSLContext | None = None
+    configuration: Any
 
-    def get(self, path: str) -> Any:
-        """The JSON body of a GET of ``path``; raises one of :data:`API_ERRORS`."""
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(request, timeout=10, context=self.tls) as response:
-            return json.load(response)
+    def list_pods(self, label_selector: str, timeout: float) -> Any:
+        """The JSON body of the namespace's pod list; raises one of :func:`api_errors`."""
+        import urllib3
+        from kubernetes import client
+
+        with client.ApiClient(self.configuration) as api_client, warnings.catch_warnings():
+            if not self.configuration.verify_ssl:  # the operator's choice: no warning per pass
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            response: Any = client.CoreV1Api(api_client).list_namespaced_pod(
+                self.namespace,
+                label_selector=label_selector or None,
+                _preload_content=False,  # the JSON as it came: no models to build
+                # (connect, read): a lone number is ignored by clients before 30 unless an int.
+                _request_timeout=(timeout, timeout),
+            )
+            return json.loads(response.data)
+
+
+def api_errors() -> tuple[type[BaseException], ...]:
+    """What a failed pod list can raise: an HTTP error status or a TLS error (``ApiException``),
+    no connection or a timeout (urllib3's errors, ``OSError``), credentials that could not be
+    refreshed (``ConfigException``), or a body that is not a pod list."""
+    import urllib3
+    from kubernetes.client.exceptions import OpenApiException
+    from kubernetes.config import ConfigException
+
+    return (
+        OpenApiException,
+        ConfigException,
+        urllib3.exceptions.HTTPError,
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` on one line: for an HTTP error, its status and the API's own message."""
+    from kubernetes.client.exceptions import ApiException
+
+    text = str(exc)
+    if isinstance(exc, ApiException) and exc.status:
+        text = f"HTTP {exc.status} {exc.reason}"
+        with contextlib.suppress(TypeError, ValueError, KeyError):  # a body that is no Status
+            text += f": {json.loads(exc.body or '')['message']}"
+    return " ".join(f"{type(exc).__name__}: {text}".split())
 
 
 def locate_api(options: dict[str, Any], service_account: Path) -> KubernetesApi:
     """The API named by ``options`` (``api_url``), else the pod's service account, else the
-    kubeconfig. Raises ``ImproperlyConfigured`` if it would send a token in clear text."""
+    kubeconfig. Raises ``ImproperlyConfigured`` if the ``kubernetes`` extra is missing, or if it
+    would send a token in clear text."""
+    try:
+        from kubernetes import client
+        from kubernetes.config import ConfigException
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+    except ImportError:
+        raise ImproperlyConfigured(
+            "KubernetesLiveness needs the official Kubernetes client, the `kubernetes` extra: "
+            f"{KUBERNETES_EXTRA}"
+        ) from None
     namespace = options.get("namespace")
+    configuration = client.Configuration()
     host = os.environ.get("KUBERNETES_SERVICE_HOST")
     if options.get("api_url"):
-        url = str(options["api_url"]).rstrip("/")
-        api = KubernetesApi(
-            url,
-            namespace or "default",
-            options.get("token"),
-            _tls_context(url, cafile=options.get("ca_file"), verify=options.get("verify", True)),
-        )
+        configuration.host = str(options["api_url"]).rstrip("/")
+        if options.get("token"):
+            configuration.api_key["authorization"] = f"Bearer {options['token']}"
+        configuration.ssl_ca_cert = options.get("ca_file")
+        configuration.verify_ssl = bool(options.get("verify", True))
+        namespace = namespace or "default"
     elif host and (service_account / "token").exists():
-        host = f"[{host}]" if ":" in host else host  # an IPv6 address
-        url = f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
-        api = KubernetesApi(
-            url,
-            namespace or (service_account / "namespace").read_text().strip(),
-            (service_account / "token").read_text().strip(),
-            _tls_context(url, cafile=str(service_account / "ca.crt")),
-        )
+        environ = {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": os.environ.get("KUBERNETES_SERVICE_PORT") or "443",
+        }
+        try:
+            # The client re-reads the token file once a minute: projected tokens rotate.
+            InClusterConfigLoader(
+                token_filename=str(service_account / "token"),
+                cert_filename=str(service_account / "ca.crt"),
+                environ=environ,
+            ).load_and_set(configuration)
+        except ConfigException as exc:
+            raise ImproperlyConfigured(
+                f"KubernetesLiveness: the pod's service account in {service_account}: {exc}"
+            ) from None
+        namespace = namespace or (service_account / "namespace").read_text().strip()
     else:
-        api = _from_kubeconfig(options.get("kubeconfig"), namespace)
-    if api.url.startswith("http://") and api.token and not options.get("allow_insecure_http"):
+        namespace = _from_kubeconfig(options.get("kubeconfig"), namespace, configuration)
+    # One attempt per pass, within the request's timeout: the next pass is the retry.
+    configuration.retries = False
+    url = str(configuration.host)
+    # The key of the Authorization header's value: "authorization" before client 30.
+    credential = any(configuration.api_key.get(key) for key in ("BearerToken", "authorization"))
+    if url.startswith("http://") and credential and not options.get("allow_insecure_http"):
         raise ImproperlyConfigured(
-            f"KubernetesLiveness: the Kubernetes API at {api.url} is plain http://, which would "
+            f"KubernetesLiveness: the Kubernetes API at {url} is plain http://, which would "
             "send the bearer token in clear text. Use an https:// URL; or, for an API that needs "
             "no token (a local `kubectl proxy`), give none; or, to send it anyway, set "
             "JOBS_KUBERNETES['allow_insecure_http'] = True."
         )
-    return api
+    return KubernetesApi(url, namespace, configuration)
 
 
-def _tls_context(
-    url: str,
-    *,
-    cafile: str | None = None,
-    cadata: str | None = None,
-    verify: bool = True,
-    client_cert: tuple[bytes, bytes] | None = None,
-) -> ssl.SSLContext | None:
-    """The TLS context for ``url`` (``None`` for http): it trusts ``cafile`` or ``cadata`` (PEM)
-    if given, else the system's CAs; checks nothing unless ``verify``; and presents
-    ``client_cert``, a PEM ``(certificate, key)`` pair, if given."""
-    if not url.startswith("https://"):
-        return None
-    context = ssl.create_default_context(cafile=cafile, cadata=cadata)
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if client_cert is not None:
-        # The ssl module loads a certificate and key only from files: keep them for the moment
-        # it takes, in a directory only this user can read.
-        with tempfile.TemporaryDirectory(prefix="django-jobs-kube-") as directory:
-            cert_file, key_file = Path(directory, "client.crt"), Path(directory, "client.key")
-            cert_file.write_bytes(client_cert[0])
-            key_file.write_bytes(client_cert[1])
-            context.load_cert_chain(cert_file, key_file)
-    return context
-
-
-# What a kubeconfig can say that this reader does not do, by key; each one is refused rather
-# than ignored, so that the check never talks to a server other than the one configured, or
-# with other credentials.
-_UNSUPPORTED_USER = {
-    "exec": "exec authentication (a credential plugin such as kubelogin, "
-    "gke-gcloud-auth-plugin or `aws eks get-token`)",
-    "auth-provider": "auth-provider authentication",
-    "username": "basic authentication (username and password)",
-    "password": "basic authentication (username and password)",
+# What a kubeconfig user can say that the client would ignore, by key: each one is refused
+# rather than ignored, so that the check never acts with other credentials than configured.
+_IGNORED_USER = {
     "as": "impersonation (as)",
     "as-uid": "impersonation (as-uid)",
     "as-groups": "impersonation (as-groups)",
     "as-user-extra": "impersonation (as-user-extra)",
 }
-_UNSUPPORTED_CLUSTER = {
-    "proxy-url": "a proxy (proxy-url)",
-    "tls-server-name": "tls-server-name",
-}
+#: The auth-provider plugins the client implements.
+_AUTH_PROVIDERS = {"gcp", "oidc"}
 
 
-def _from_kubeconfig(path: str | None, namespace: str | None) -> KubernetesApi:
-    """The API of the kubeconfig's current context: its server, CA (``certificate-authority``
-    or ``-data``, or ``insecure-skip-tls-verify``), and its user's ``token`` (or ``tokenFile``)
-    or client certificate (``client-certificate`` and ``client-key``, or their ``-data``)."""
-    config_path = Path(path or os.environ.get("KUBECONFIG") or Path.home() / ".kube/config")
-    where = f"kubeconfig {config_path}"
-    if not config_path.exists():
+def _from_kubeconfig(path: str | None, namespace: str | None, configuration: Any) -> str:
+    """Load the kubeconfig's current context into ``configuration``, as the official client
+    does (``$KUBECONFIG`` may list several files); return the namespace to list."""
+    import yaml
+    from kubernetes.config import ConfigException, load_kube_config
+    from kubernetes.config.kube_config import KubeConfigMerger
+
+    config_file = str(path or os.environ.get("KUBECONFIG") or "~/.kube/config")
+    where = f"kubeconfig {config_file}"
+    if not any(Path(f).expanduser().exists() for f in config_file.split(os.pathsep) if f):
         raise ImproperlyConfigured(
             f"KubernetesLiveness found no in-cluster service account and no {where}; set "
             "JOBS_KUBERNETES['api_url'] (and 'token'), or 'kubeconfig'"
         )
-    config = _read_kubeconfig(config_path)
-    context_name = config.get("current-context")
-    context = _named(config.get("contexts"), context_name, "context", where)
-    cluster = _named(config.get("clusters"), context.get("cluster"), "cluster", where)
-    user = (
-        _named(config.get("users"), context["user"], "user", where) if context.get("user") else {}
-    )
-    unsupported = sorted(
-        {
-            feature
-            for item, features in ((cluster, _UNSUPPORTED_CLUSTER), (user, _UNSUPPORTED_USER))
-            for key, feature in features.items()
-            if key in item
-        }
-    )
-    if unsupported:
-        raise ImproperlyConfigured(
-            f"{where}, context {context_name!r}: {'; '.join(unsupported)}: not supported by "
-            "KubernetesLiveness. Give the context a user with a token (a service account's: "
-            "`kubectl create token NAME`) or a client certificate, or set "
-            "JOBS_KUBERNETES['api_url'] and 'token' instead."
-        )
-
-    def data(item: dict[str, Any], key: str) -> bytes | None:
-        """The PEM of ``key``, from its ``-data`` (base64) or from its file."""
-        if item.get(f"{key}-data"):
-            return base64.b64decode(item[f"{key}-data"])
-        if item.get(key):
-            return (config_path.parent / item[key]).read_bytes()  # relative to the kubeconfig
-        return None
-
-    server = str(cluster["server"]).rstrip("/")
-    cert, key = data(user, "client-certificate"), data(user, "client-key")
-    if (cert is None) != (key is None):
-        raise ImproperlyConfigured(
-            f"{where}, user {context.get('user')!r}: a client certificate needs both "
-            "client-certificate and client-key (or their -data)"
-        )
-    token = user.get("token")
-    if not token and user.get("tokenFile"):
-        token = (config_path.parent / user["tokenFile"]).read_text().strip()
-    ca = data(cluster, "certificate-authority")
-    return KubernetesApi(
-        server,
-        namespace or context.get("namespace") or "default",
-        token,
-        _tls_context(
-            server,
-            cadata=None if ca is None else ca.decode(),
-            verify=not cluster.get("insecure-skip-tls-verify", False),
-            client_cert=None if cert is None or key is None else (cert, key),
-        ),
-    )
-
-
-def _read_kubeconfig(path: Path) -> dict[str, Any]:
-    text = path.read_text()
     try:
-        import yaml
-    except ImportError:
-        try:
-            return dict(json.loads(text))
-        except ValueError:
+        config = KubeConfigMerger(config_file).config
+        context_name = config["current-context"]
+        context = config["contexts"].get_with_name(context_name)["context"]
+        user_name = context.safe_get("user")
+        users = config.safe_get("users")
+        entry = users and user_name and config["users"].get_with_name(user_name, safe=True)
+        user = dict(entry.value.get("user") or {}) if entry else {}
+        ignored = sorted({feature for key, feature in _IGNORED_USER.items() if key in user})
+        provider = (user.get("auth-provider") or {}).get("name")
+        if "auth-provider" in user and provider not in _AUTH_PROVIDERS:
+            ignored.append(f"the auth-provider {provider!r}")
+        if ignored:
             raise ImproperlyConfigured(
-                f"reading the YAML kubeconfig {path} needs PyYAML: pip install "
-                "'django-pgjobs[kubernetes]' (or write the kubeconfig as JSON)"
-            ) from None
-    return dict(yaml.safe_load(text))
-
-
-def _named(entries: Any, name: Any, kind: str, where: str) -> dict[str, Any]:
-    """The ``kind`` part of the entry called ``name`` in a kubeconfig list."""
-    for entry in entries or []:
-        if entry.get("name") == name:
-            return dict(entry.get(kind) or {})
-    raise ImproperlyConfigured(f"{where} has no {kind} named {name!r}")
+                f"{where}, context {context_name!r}: {'; '.join(ignored)}: not supported by "
+                "KubernetesLiveness. Give the context a user with a token (a service account's: "
+                "`kubectl create token NAME`), a client certificate or an exec plugin, or set "
+                "JOBS_KUBERNETES['api_url'] and 'token' instead."
+            )
+        load_kube_config(
+            config_file=config_file, client_configuration=configuration, persist_config=False
+        )
+    except (ConfigException, yaml.YAMLError, OSError) as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from None
+    return str(namespace or context.safe_get("namespace") or "default")
 
 
 def liveness_check() -> LivenessCheck:

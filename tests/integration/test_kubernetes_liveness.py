@@ -1,4 +1,5 @@
-"""KubernetesLiveness against a recorded pod-list response served over local HTTP(S)."""
+"""KubernetesLiveness (the official Kubernetes client) against a recorded pod-list response
+served over local HTTP(S)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +45,7 @@ class FakeApi:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.pods: dict[str, Any] = json.loads(PODS)
         self.requests: list[tuple[str, str | None]] = []
+        self.forbidden = ""  # if set, the message of a 403 answer to every pod list
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,6 +54,13 @@ class FakeApi:
                 if not self.path.startswith("/api/v1/namespaces/jobs/pods"):
                     self.send_response(404)
                     self.end_headers()
+                    return
+                if api.forbidden:
+                    status = {"kind": "Status", "code": 403, "message": api.forbidden}
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(json.dumps(status).encode())
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -401,17 +412,165 @@ def test_kubeconfig_client_certificate_is_presented(start_api, certs, tmp_path, 
     assert pods_through(config) == {ALIVE, RESTARTED}
 
 
-def test_kubeconfig_exec_authentication_is_refused_by_name(tmp_path) -> None:
+def test_kubeconfig_exec_plugin_token_is_sent(start_api, certs, tmp_path) -> None:
+    plugin = tmp_path / "get-token.py"  # stands for kubelogin, `aws eks get-token`, ...
+    plugin.write_text(
+        "import json, os\n"
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        "print(json.dumps({'apiVersion': info['apiVersion'], 'kind': 'ExecCredential',\n"
+        "                  'status': {'token': 'exec-token'}}))\n"
+    )
     user = {
         "exec": {
             "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": "aws",
-            "args": ["eks", "get-token", "--cluster-name", "prod"],
+            "command": sys.executable,
+            "args": [str(plugin)],
         }
     }
-    config = kubeconfig(tmp_path, "https://k8s.example:6443", user=user)
-    with pytest.raises(ImproperlyConfigured, match=r"exec authentication .*: not supported"):
+    api = start_api(server_tls(certs))
+    cluster = {"certificate-authority-data": b64(certs / "ca.crt")}
+    assert pods_through(kubeconfig(tmp_path, api.url, cluster=cluster, user=user)) == {
+        ALIVE,
+        RESTARTED,
+    }
+    assert api.requests == [("/api/v1/namespaces/jobs/pods", "Bearer exec-token")]
+
+
+def test_a_failing_exec_plugin_leaves_the_pass_to_heartbeats(api, tmp_path, reaper_log) -> None:
+    plugin = tmp_path / "get-token.py"
+    plugin.write_text("import sys\nsys.exit('token expired: run `aws sso login`')\n")
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": sys.executable,
+            "args": [str(plugin)],
+        }
+    }
+    api.forbidden = "Unauthorized"  # an API server refuses a request without credentials
+    job = running_on(GONE)
+    settings = {
+        **kubernetes(api),
+        "JOBS_KUBERNETES": {"kubeconfig": kubeconfig(tmp_path, api.url, user=user)},
+    }
+    assert reaped(settings) == {}
+    assert Job.objects.get(pk=job.pk).state == "running"
+    assert [auth for _, auth in api.requests] == [None]
+    (message,) = [r.getMessage() for r in reaper_log if "Kubernetes API" in r.getMessage()]
+    assert "judging workers by their heartbeats alone" in message
+
+
+def test_kubeconfig_impersonation_is_refused_by_name(api, tmp_path) -> None:
+    # The client does not impersonate: it would act with the user's own credentials.
+    config = kubeconfig(tmp_path, api.url, user={"token": "t", "as": "system:admin"})
+    with pytest.raises(ImproperlyConfigured, match=r"impersonation \(as\): not supported"):
         pods_through(config)
+    assert api.requests == []
+
+
+def test_a_missing_kubeconfig_says_what_to_set(tmp_path) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"no in-cluster service account.*'api_url'"):
+        pods_through(str(tmp_path / "nowhere"))
+
+
+# ---------------------------------------------------------------- in a pod
+
+
+@pytest.fixture
+def in_a_pod(monkeypatch, certs, tmp_path) -> Callable[[FakeApi], Path]:
+    """Make the process look like it runs in a pod whose API server is ``api``: the service
+    account's token, CA and namespace in a directory, and the service host and port."""
+
+    def enter(api: FakeApi) -> Path:
+        account = tmp_path / "serviceaccount"
+        account.mkdir()
+        (account / "token").write_text("sa-token")  # as the kubelet writes it: no newline
+        (account / "namespace").write_text("jobs")
+        shutil.copy(certs / "ca.crt", account / "ca.crt")
+        monkeypatch.setattr(KubernetesLiveness, "SERVICE_ACCOUNT", account)
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.server.server_address[1]))
+        return account
+
+    return enter
+
+
+def test_in_a_pod_the_service_account_is_used(start_api, certs, in_a_pod, tmp_path) -> None:
+    api = start_api(server_tls(certs))
+    in_a_pod(api)
+    config = kubeconfig(tmp_path, "https://elsewhere.example:6443")  # not read in a pod
+    beats = {"JOBS_HEARTBEAT_INTERVAL": 10, "JOBS_WORKER_TIMEOUT": 60}
+    running_on(GONE)
+    with override_settings(JOBS_KUBERNETES={"kubeconfig": config}, **beats):
+        liveness = KubernetesLiveness()
+        assert liveness.api.url == api.url
+        report = reap_pass(liveness=liveness)
+    (reason,) = [a.reason for a in report.actions if a.new_state]
+    assert f"pod {GONE} no longer exists" in reason
+    path, auth = api.requests[0]
+    assert path == "/api/v1/namespaces/jobs/pods"  # the service account's namespace
+    assert auth is not None and auth.lower() == "bearer sa-token"
+
+
+def test_in_a_pod_the_settings_api_url_comes_first(api, start_api, certs, in_a_pod) -> None:
+    in_a_pod(start_api(server_tls(certs)))
+    with override_settings(**kubernetes(api)):
+        assert KubernetesLiveness().api.url == api.url
+
+
+def test_in_a_pod_an_untrusted_server_leaves_the_pass_to_heartbeats(
+    start_api, certs, in_a_pod, reaper_log
+) -> None:
+    api = start_api(server_tls(certs))
+    account = in_a_pod(api)
+    (account / "ca.crt").write_text((certs / "client.crt").read_text())  # not the server's CA
+    job = running_on(GONE)
+    assert reaped({"JOBS_HEARTBEAT_INTERVAL": 10, "JOBS_WORKER_TIMEOUT": 60}) == {}
+    assert Job.objects.get(pk=job.pk).state == "running"
+    (message,) = [r.getMessage() for r in reaper_log if "Kubernetes API" in r.getMessage()]
+    assert "CERTIFICATE_VERIFY_FAILED" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_forbidden_pod_list_is_one_warning_with_the_api_message(api, reaper_log) -> None:
+    api.forbidden = (
+        'pods is forbidden: User "system:serviceaccount:jobs:reapjobs" cannot list resource '
+        '"pods" in API group "" in the namespace "jobs"'
+    )
+    running_on(GONE)
+    assert reaped(kubernetes(api)) == {}
+    (message,) = [r.getMessage() for r in reaper_log]
+    assert f"Exception: HTTP 403 Forbidden: {api.forbidden})" in message
+    assert "judging workers by their heartbeats alone this pass" in message
+
+
+def test_a_hung_api_server_cannot_stall_the_pass(monkeypatch, reaper_log) -> None:
+    # A server that accepts the connection and never answers.
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        monkeypatch.setattr(KubernetesLiveness, "TIMEOUT", 1.0)
+        silent_for_an_hour = running_on(ALIVE, silent_for=3600)
+        silent_for_a_while = running_on(GONE, silent_for=30)  # a pod list would reap it
+        started = time.monotonic()
+        reasons = reaped({"JOBS_KUBERNETES": {"api_url": url, "namespace": "jobs"}})
+        took = time.monotonic() - started
+    assert set(reasons) == {silent_for_an_hour.pk}
+    assert took < 8, f"the pass took {took:.1f}s for a 1s timeout"  # one attempt, no retries
+    assert Job.objects.get(pk=silent_for_a_while.pk).state == "running"
+    (message,) = [r.getMessage() for r in reaper_log if "Kubernetes API" in r.getMessage()]
+    assert "timed out" in message and url.split("//")[1] in message
+
+
+def test_without_the_kubernetes_extra_the_error_names_it(monkeypatch, api) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if it were not installed
+    with (
+        override_settings(**kubernetes(api)),
+        pytest.raises(ImproperlyConfigured, match=r"pip install 'django-pgjobs\[kubernetes\]'"),
+    ):
+        KubernetesLiveness()
 
 
 def test_the_recorded_response_is_a_real_pod_list() -> None:
