@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import queues
 from django_jobs.exceptions import InvalidOption
+from django_jobs.management.errors import database_errors
 from django_jobs.models.queue_control import Queue
 
 
@@ -39,6 +40,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        with database_errors():
+            self._act(action, options)
+
+    def _act(self, action: str, options: dict[str, Any]) -> None:
         try:
             if action == "list":
                 self._list()

@@ -5,9 +5,10 @@ import sys
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs.management.arguments import seconds, whole_number
+from django_jobs.management.errors import database_errors
 from django_jobs.store import operations_views as stats
 
 
@@ -46,8 +47,20 @@ class Command(BaseCommand):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, lambda *_: stop.set())
         clear = options["watch"] is not None and not options["json"] and sys.stdout.isatty()
+        shown = False
         while True:
-            data = stats.summary(options["window"])
+            try:
+                with database_errors():
+                    data = stats.summary(options["window"])
+            except CommandError as error:
+                if not shown:
+                    raise
+                # Watching: an outage is a line, and the next refresh tries again.
+                self.stderr.write(str(error))
+                if stop.wait(options["watch"]):
+                    return
+                continue
+            shown = True
             output = stats.to_json(data) if options["json"] else stats.render(data)
             if clear:
                 self.stdout.write("\033[H\033[2J", ending="")
