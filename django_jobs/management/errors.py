@@ -63,19 +63,20 @@ def wait_for_tables(
         signum: signal.signal(signum, lambda *_: stop.set())
         for signum in (signal.SIGTERM, signal.SIGINT)
     }
-    last_line, logged_at, failures = "", float("-inf"), 0
+    last_kind, logged_at, failures = "", float("-inf"), 0
     try:
         while True:
             try:
                 unapplied = diagnosis.unapplied_migrations(alias)
             except DatabaseError as exc:
-                line = diagnosis.describe(exc, alias)
+                line = kind = diagnosis.describe(exc, alias)
             else:
                 if not unapplied:
                     if failures:
                         logger.info("%s: the database %s is ready", what, diagnosis.where(alias))
                     return True
                 line = diagnosis.missing_tables_message(alias, unapplied=unapplied)
+                kind = "missing"  # however many are missing: a migrate under way is no news
                 if burst:
                     raise CommandError(line)
             finally:
@@ -84,8 +85,8 @@ def wait_for_tables(
             failures += 1
             delay = backoff(failures, OUTAGE_RETRY_CAP)
             now = time.monotonic()
-            if line != last_line or now - logged_at >= COMPLAINT_INTERVAL:
-                last_line, logged_at = line, now
+            if kind != last_kind or now - logged_at >= COMPLAINT_INTERVAL:
+                last_kind, logged_at = kind, now
                 logger.warning("%s waiting: %s (a line a minute until then)", what, line)
             if stop.wait(delay):
                 return False
