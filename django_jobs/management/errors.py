@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import psycopg
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 
@@ -43,7 +44,7 @@ def database_errors(alias: str | None = None) -> Iterator[None]:
         yield
     except (JobTablesMissing, DatabaseUnreachable) as exc:
         raise CommandError(str(exc)) from exc
-    except DatabaseError as exc:
+    except (DatabaseError, psycopg.Error) as exc:  # psycopg's: a server-side binding cursor's
         message = diagnosis.explain(exc, alias or conf.database_alias())
         if message is None:
             raise

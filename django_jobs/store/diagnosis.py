@@ -139,7 +139,7 @@ def translated(alias: str | None = None, what: str = "database") -> Iterator[Non
         yield
     except (JobTablesMissing, DatabaseUnreachable):
         raise
-    except DatabaseError as exc:
+    except (DatabaseError, psycopg.Error) as exc:  # psycopg's: a server-side binding cursor's
         alias = alias or conf.database_alias()
         if schema_missing(exc):
             raise JobTablesMissing(missing_tables_message(alias, first_line(exc))) from exc

@@ -29,6 +29,7 @@ ONE_SHOT_COMMANDS = [
     ["prunejobs"],
     ["jobqueue", "list"],
     ["jobqueue", "pause", "default"],
+    ["syncschedules"],
 ]
 
 

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
 from django_jobs.exceptions import InvalidOption
+from django_jobs.management.errors import database_errors
 from django_jobs.tokens import auth
 
 
@@ -36,12 +37,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            row, secret = auth.create(
-                options["name"],
-                options["queues"].split(","),
-                can_enqueue=options["can_enqueue"],
-                created_by=_user(),
-            )
+            with database_errors():
+                row, secret = auth.create(
+                    options["name"],
+                    options["queues"].split(","),
+                    can_enqueue=options["can_enqueue"],
+                    created_by=_user(),
+                )
         except InvalidOption as error:
             raise CommandError(str(error)) from None
         # psycopg's own too: with server-side binding, the store's statement runs on a psycopg
