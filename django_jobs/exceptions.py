@@ -42,8 +42,9 @@ class JobTablesMissing(JobsError, ProgrammingError):
 
 
 class DatabaseUnreachable(JobsError, OperationalError):
-    """The jobs database is down or refused the connection. The message names the alias and
-    the host. An ``OperationalError``, as before."""
+    """The jobs database is down or refused the connection (or, for the reads of the
+    operations data, did not answer in time). The message names the alias and the host. An
+    ``OperationalError``, as before."""
 
 
 class InvalidPayload(JobsError, ValueError):

@@ -18,12 +18,15 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from django_jobs import conf
 from django_jobs.exceptions import DatabaseUnreachable, JobTablesMissing
+from django_jobs.store.db import LOCK_NOT_AVAILABLE, QUERY_CANCELED
 
 APP_LABEL = "django_jobs"
 
 # SQLSTATEs of a schema older than the code: a table, a column or a function of the job system
 # that is not there (42P01 undefined_table, 42703 undefined_column, 42883 undefined_function).
 _SCHEMA_MISSING = {"42P01", "42703", "42883"}
+# A bounded wait that ran out: the statement timeout, the lock timeout.
+_WAITS = {QUERY_CANCELED, LOCK_NOT_AVAILABLE}
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -131,10 +134,14 @@ def first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def translated(alias: str | None = None, what: str = "database") -> Iterator[None]:
+def translated(
+    alias: str | None = None, what: str = "database", *, waits: bool = False
+) -> Iterator[None]:
     """Raise the two mistakes above as :class:`~django_jobs.exceptions.JobTablesMissing` (a
     ``ProgrammingError``) and :class:`~django_jobs.exceptions.DatabaseUnreachable` (an
-    ``OperationalError``), with the line that says what to do; anything else as it came."""
+    ``OperationalError``), with the line that says what to do; anything else as it came. With
+    ``waits``, a statement or lock wait that ran out is a ``DatabaseUnreachable`` too (reads
+    that have somewhere else to go, or nothing to retry)."""
     try:
         yield
     except (JobTablesMissing, DatabaseUnreachable):
@@ -145,6 +152,11 @@ def translated(alias: str | None = None, what: str = "database") -> Iterator[Non
             raise JobTablesMissing(missing_tables_message(alias, first_line(exc))) from exc
         if unreachable(exc):
             raise DatabaseUnreachable(unreachable_message(alias, exc, what)) from exc
+        if waits and any(getattr(e, "sqlstate", None) in _WAITS for e in _causes(exc)):
+            raise DatabaseUnreachable(
+                f"the {what} {where(alias)} did not answer in time: {first_line(exc)} "
+                "(JOBS_STATEMENT_TIMEOUT_MS, JOBS_LOCK_TIMEOUT_MS)"
+            ) from exc
         raise
 
 

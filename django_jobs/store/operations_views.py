@@ -129,7 +129,7 @@ def reading(using: str | None = None) -> Iterator[Any]:
     :class:`~django_jobs.exceptions.JobTablesMissing`, whose message names it."""
     alias = read_alias(using)
     with (
-        diagnosis.translated(alias, _what(alias)),
+        diagnosis.translated(alias, _what(alias), waits=True),
         transaction.atomic(using=alias),
         connections[alias].cursor() as cursor,
     ):

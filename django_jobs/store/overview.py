@@ -41,7 +41,12 @@ def context() -> dict[str, Any]:
     except DatabaseError as error:
         if alias == primary:
             raise
-        problem = str(error) if isinstance(error, JobsError) else diagnosis.describe(error, alias)
+        problem = (
+            str(error)
+            if isinstance(error, JobsError)
+            else f"the read database {diagnosis.where(alias)} failed: "
+            f"{type(error).__name__}: {diagnosis.first_line(error)}"
+        )
         return {
             **_context(primary),
             "read_problem": f"{problem}. Showing the primary database {primary!r} instead.",

@@ -184,16 +184,21 @@ def lagging_replica(worker_env) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def lagging_params(name: str) -> dict[str, Any]:
+    """psycopg's parameters for the database ``name`` on the test server."""
+    params = {**connections["default"].get_connection_params(), "dbname": name}
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return params
+
+
 @pytest.mark.slow
 def test_queue_controls_come_from_the_primary_while_the_replica_lags(
     lagging_replica, admin_client, settings
 ) -> None:
     settings.JOBS_READ_DATABASE = "replica"
     queues.pause("reports", by="ops", reason="incident 7")
-    params = {**connections["default"].get_connection_params(), "dbname": lagging_replica}
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as stale:
+    with psycopg.connect(**lagging_params(lagging_replica), autocommit=True) as stale:
         # The replica still has "imports" paused, resumed on the primary since.
         stale.execute(
             "INSERT INTO django_jobs_queue (name, paused, paused_at, paused_by, pause_reason,"
@@ -210,3 +215,25 @@ def test_queue_controls_come_from_the_primary_while_the_replica_lags(
     assert ">open<" in imports and 'name="pause"' in imports and 'name="resume"' not in imports
     assert "PAUSED by ops" in out.getvalue() and "incident 7" in out.getvalue()
     assert out.getvalue().count("PAUSED") == 1
+
+
+@pytest.mark.slow
+def test_a_read_database_too_slow_to_answer_gives_the_dashboard_a_banner_and_the_primary(
+    lagging_replica, admin_client, settings
+) -> None:
+    settings.JOBS_READ_DATABASE = "replica"
+    settings.JOBS_STATEMENT_TIMEOUT_MS = 1000
+    JobFactory(claimed=True, task="tests.sleep", worker_id="pod-a:1:aaaaaa")
+    user = connections["default"].settings_dict["USER"]
+    with psycopg.connect(**lagging_params(lagging_replica)) as locker:
+        # An open transaction holds every read of the replica's job table back.
+        locker.execute("LOCK TABLE django_jobs_job IN ACCESS EXCLUSIVE MODE")
+        with replica_at(NAME=lagging_replica, USER=user, PASSWORD=""):
+            response = admin_client.get("/admin/django_jobs/dashboard/")
+        locker.rollback()
+    html = response.content.decode()
+    assert response.status_code == 200
+    banner = html.split('id="dj-read-problem"', 1)[1].split("</ul>", 1)[0]
+    assert "the read database &#x27;replica&#x27; at " in banner
+    assert "did not answer in time: canceling statement due to statement timeout" in banner
+    assert "tests.sleep" in html
