@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import signal
 import socket
 import subprocess
 import sys
@@ -237,3 +238,36 @@ def test_a_read_database_too_slow_to_answer_gives_the_dashboard_a_banner_and_the
     assert "the read database &#x27;replica&#x27; at " in banner
     assert "did not answer in time: canceling statement due to statement timeout" in banner
     assert "tests.sleep" in html
+
+
+@pytest.mark.slow
+def test_jobstats_watch_outlasts_a_read_database_outage(lagging_replica, worker_env) -> None:
+    """A dropped connection to the read database costs a refresh one line on stderr; the next
+    refresh reconnects."""
+    url, _, options = worker_env["DATABASE_URL"].partition("?")
+    url = url.rsplit("/", 1)[0] + f"/{lagging_replica}" + (f"?{options}" if options else "")
+    watch = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "jobstats", "--watch", "0.3", "--json"],
+        cwd=ROOT,
+        env={**worker_env, "READ_DATABASE_URL": url, "JOBS_READ_DATABASE": "replica"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None and watch.stdout.readline().startswith("{")
+        with psycopg.connect(**lagging_params(lagging_replica), autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert cut == (1,)
+        # Refreshes after the cut: at most one may fail, then they go on.
+        lines = [watch.stdout.readline() for _ in range(3)]
+        assert all(line.startswith("{") for line in lines), lines
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("the read database 'replica' at "), err

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
+from django_jobs import conf
 from django_jobs.management.arguments import seconds, whole_number
 from django_jobs.management.errors import database_errors
 from django_jobs.store import operations_views as stats
@@ -26,7 +29,8 @@ class Command(BaseCommand):
             const=2.0,
             default=None,
             metavar="SECONDS",
-            help="Refresh every SECONDS (default 2) until Ctrl-C.",
+            help="Refresh every SECONDS (default 2) until Ctrl-C. A refresh that fails (the "
+            "database away) prints one line to stderr, and the next one tries again.",
         )
         parser.add_argument(
             "--json",
@@ -55,8 +59,12 @@ class Command(BaseCommand):
             except CommandError as error:
                 if not shown:
                     raise
-                # Watching: an outage is a line, and the next refresh tries again.
+                # Watching: an outage is a line, and the next refresh tries again, on new
+                # connections (a broken one would fail every refresh after).
                 self.stderr.write(str(error))
+                for alias in {stats.read_alias(), conf.database_alias()}:
+                    with contextlib.suppress(DatabaseError):
+                        connections[alias].close()
                 if stop.wait(options["watch"]):
                     return
                 continue
