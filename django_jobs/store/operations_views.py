@@ -123,8 +123,8 @@ def _what(alias: str) -> str:
 
 @contextlib.contextmanager
 def reading(using: str | None = None) -> Iterator[Any]:
-    """A cursor in a read-only transaction on :func:`read_alias`, whose every statement (the
-    ORM's too) is bounded by ``JOBS_STATEMENT_TIMEOUT_MS``. A database that is away or not
+    """A cursor in a transaction on :func:`read_alias`, whose every statement (the ORM's too)
+    is bounded by ``JOBS_STATEMENT_TIMEOUT_MS``. A database that is away or not
     migrated raises :class:`~django_jobs.exceptions.DatabaseUnreachable` or
     :class:`~django_jobs.exceptions.JobTablesMissing`, whose message names it."""
     alias = read_alias(using)
