@@ -302,9 +302,20 @@ def scheduler_interval() -> float:
 def read_database_alias() -> str:
     """``JOBS_READ_DATABASE``: the database alias of the read-only queries of the admin's
     dashboard, ``jobstats`` and the readers of :mod:`django_jobs.stats` (a streaming replica,
-    say). The job list, the actions and every write stay on ``JOBS_DATABASE``. Default: the
-    alias of ``JOBS_DATABASE``."""
+    say). The job list, the actions, the queue controls (paused or not, limits) and every write
+    stay on ``JOBS_DATABASE``, so that a replica that lags never shows a paused queue as open.
+    Default: the alias of ``JOBS_DATABASE``."""
     return str(_get("JOBS_READ_DATABASE", None) or database_alias())
+
+
+def read_connect_timeout() -> int:
+    """``JOBS_READ_CONNECT_TIMEOUT``: seconds the reads of ``JOBS_READ_DATABASE`` wait for a
+    connection to it (libpq's ``connect_timeout``; at least 2), when it is not the alias of
+    ``JOBS_DATABASE`` and its ``OPTIONS`` set no ``connect_timeout`` of their own. Default 5.
+    Its statements are bounded by ``JOBS_STATEMENT_TIMEOUT_MS`` like every statement of the job
+    system. A read database that does not answer in time is reported on the dashboard, which
+    then reads the primary, and by ``jobstats``, which exits."""
+    return max(2, int(_get("JOBS_READ_CONNECT_TIMEOUT", 5)))
 
 
 def progress_interval() -> float:

@@ -25,7 +25,7 @@ from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
-from django_jobs.store import db, job_inserts
+from django_jobs.store import db, diagnosis, job_inserts
 from django_jobs.store.sql import query
 
 if TYPE_CHECKING:
@@ -296,13 +296,19 @@ def enqueue(
 
     With a ``unique_key`` that an active job already holds, that job is returned instead.
     With ``depends_on``, the job waits until those jobs are done, and is cancelled if one of
-    them fails for good. Nothing is written if anything is wrong.
+    them fails for good. Nothing is written if anything is wrong. Without the job tables (no
+    ``manage.py migrate`` yet) it raises :class:`~django_jobs.exceptions.JobTablesMissing`, and
+    with the database down :class:`~django_jobs.exceptions.DatabaseUnreachable`.
     """
     task = _resolve_task(task)
     args_json, kwargs_json, args_value, kwargs_value = _encode(args, kwargs or {})
     alias = conf.database_alias()
     dependency_ids = _dependency_ids(task)
-    with _statements(alias, bool(dependency_ids)), connections[alias].cursor() as cursor:
+    with (
+        diagnosis.translated(alias),
+        _statements(alias, bool(dependency_ids)),
+        connections[alias].cursor() as cursor,
+    ):
         params = _params(task, *_initial_state(cursor, dependency_ids))
         params.update(args=args_json, kwargs=kwargs_json)
         _check_parent(cursor, params["parent"])
@@ -337,7 +343,11 @@ def enqueue_many(
         return []
     alias = conf.database_alias()
     dependency_ids = _dependency_ids(task)
-    with db.atomic(alias), connections[alias].cursor() as cursor:
+    with (
+        diagnosis.translated(alias),
+        db.atomic(alias),
+        connections[alias].cursor() as cursor,
+    ):
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
         reserve = {**params, "count": len(encoded)}

@@ -9,6 +9,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import ClassVar
 
+from django.db.utils import OperationalError, ProgrammingError
+
+#: How to see which tasks a process has registered (said where a task is missing).
+REGISTERED_TASKS_HINT = "To list the registered tasks: python manage.py jobs tasks"
+
 
 class JobsError(Exception):
     """Base class of every error django-jobs raises."""
@@ -23,8 +28,21 @@ class UnknownTask(JobsError, LookupError):
             f"unknown task {name!r}: no @job function is registered under that name in this "
             "process. Define it in an installed app's jobs.py (or tasks.py, for @task functions "
             "of Django's Tasks framework), or import its module at startup, and deploy it to the "
-            "workers before enqueueing."
+            "workers before enqueueing. "
+            f"{REGISTERED_TASKS_HINT}"
         )
+
+
+class JobTablesMissing(JobsError, ProgrammingError):
+    """The job tables, or some of their columns or functions, are not in the database:
+    ``manage.py migrate`` was not run, or not since an upgrade. The message says which
+    migrations are missing when the database tells. A ``ProgrammingError``, as before."""
+
+
+class DatabaseUnreachable(JobsError, OperationalError):
+    """The jobs database is down or refused the connection (or, for the reads of the
+    operations data, did not answer in time). The message names the alias and the host. An
+    ``OperationalError``, as before."""
 
 
 class InvalidPayload(JobsError, ValueError, TypeError):

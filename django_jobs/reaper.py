@@ -27,10 +27,9 @@ from django_jobs import conf, store, workflows
 from django_jobs.cursor import Cursor
 from django_jobs.liveness import LivenessCheck, liveness_check
 from django_jobs.registry import registry
-from django_jobs.runtime.backoff import first_line
 from django_jobs.runtime.identity import name_of
 from django_jobs.states import Outcome
-from django_jobs.store import Lease, RunningJob, WorkerInfo, db
+from django_jobs.store import Lease, RunningJob, WorkerInfo, db, diagnosis
 from django_jobs.store.connection import is_connection_fatal
 
 logger = logging.getLogger("django_jobs.reaper")
@@ -221,9 +220,8 @@ def reap_loop(
             with contextlib.suppress(DatabaseError):
                 connections[conf.database_alias()].close()
             logger.warning(
-                "reaper pass failed (%s: %s); trying again in %.1fs",
-                type(exc).__name__,
-                first_line(exc),
+                "reaper pass failed (%s); trying again in %.1fs",
+                diagnosis.describe(exc, conf.database_alias()),
                 delay,
             )
         else:

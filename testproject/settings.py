@@ -36,6 +36,9 @@ DATABASES["replica"] = {
     "PASSWORD": "django_jobs_reader",
     "TEST": {"MIRROR": "default"},
 }
+# READ_DATABASE_URL points the alias elsewhere (a replica, or a port where nothing listens).
+if "READ_DATABASE_URL" in env.ENVIRON:
+    DATABASES["replica"] = {**env.db_url("READ_DATABASE_URL"), "TEST": {"MIRROR": "default"}}
 # Behind pgbouncer in transaction-pooling mode (DATABASE_POOLER=transaction): no server-side
 # cursors, which would need a session. Django's psycopg backend prepares no statements by default.
 if env.str("DATABASE_POOLER", default="") == "transaction":
@@ -125,6 +128,8 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_QUEUE_LIMITS", json.loads),
     ("JOBS_API_CONNECTIONS", int),
     ("JOBS_API_MAX_WAIT", float),
+    ("JOBS_READ_DATABASE", str),
+    ("JOBS_READ_CONNECT_TIMEOUT", int),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

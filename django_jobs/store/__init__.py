@@ -23,7 +23,9 @@ modules:
 - ``job_inserts``: writing new jobs, one row or many (``COPY``);
 - ``api_tokens``: the API's token lookups, use stamps and revoking;
 - ``operations_views`` and ``overview``: reads of the operations views, for ``jobstats``,
-  :mod:`django_jobs.stats` and the admin's dashboard.
+  :mod:`django_jobs.stats` and the admin's dashboard;
+- ``diagnosis``: a database error told in one line that says what to do (missing tables, a
+  database out of reach).
 
 No module outside this package holds SQL text (tests/unit/test_store_owns_sql.py). Rows are
 read by column name (``db.fetch_one_as``, ``db.fetch_all_as``) into a NamedTuple or a

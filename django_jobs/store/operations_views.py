@@ -6,8 +6,11 @@ dashboards agree. The functions return plain data (lists and dicts of numbers, s
 datetimes) for ``manage.py jobstats`` and any other caller; :func:`render` and :func:`to_json`
 format a :func:`summary` for people and for scripts.
 
-They read from ``JOBS_READ_DATABASE`` (a replica, say; default: ``JOBS_DATABASE``). The views
-judge workers dead and jobs overdue by the thresholds in the session settings
+They read from ``JOBS_READ_DATABASE`` (a replica, say; default: ``JOBS_DATABASE``), with a
+connect timeout (``JOBS_READ_CONNECT_TIMEOUT``) and a statement timeout
+(``JOBS_STATEMENT_TIMEOUT_MS``), except the queue controls of :func:`summary`, which are always
+read from ``JOBS_DATABASE``: a replica that lags must not show a queue just paused as open. The
+views judge workers dead and jobs overdue by the thresholds in the session settings
 ``django_jobs.worker_timeout`` and ``django_jobs.timeout_grace``; these functions set them from
 ``JOBS_WORKER_TIMEOUT`` and ``JOBS_TIMEOUT_GRACE`` for their own transaction. The statements are
 in django_jobs/store/sql/stats.sql, and run with the bounded waits of db.py.
@@ -29,7 +32,7 @@ from django_jobs.exceptions import InvalidOption
 from django_jobs.progress import count
 from django_jobs.registry import registry
 from django_jobs.sanitize import mask_text
-from django_jobs.store import db
+from django_jobs.store import db, diagnosis
 from django_jobs.store.sql import query
 
 
@@ -86,10 +89,52 @@ class Summary(TypedDict):
     running: list[dict[str, Any]]
 
 
+def read_alias(using: str | None = None) -> str:
+    """The alias these reads use: ``using``, else ``JOBS_READ_DATABASE``. A read database other
+    than ``JOBS_DATABASE`` gets ``JOBS_READ_CONNECT_TIMEOUT``, unless its ``OPTIONS`` set a
+    ``connect_timeout``: a replica that is away must not hang the dashboard."""
+    alias = using or conf.read_database_alias()
+    if alias != conf.database_alias():
+        _bound_connect(alias)
+    return alias
+
+
+def _bound_connect(alias: str) -> None:
+    # This thread's connection object of the alias gets settings of its own, with the timeout;
+    # DATABASES, and so the user's other connections to the alias, stay as they are.
+    wrapper = connections[alias]
+    options = getattr(wrapper, "_django_jobs_options", None)
+    if options is None:
+        options = dict(wrapper.settings_dict.get("OPTIONS") or {})
+        wrapper._django_jobs_options = options  # type: ignore[attr-defined]
+    if "connect_timeout" in options:
+        return
+    timeout = conf.read_connect_timeout()
+    if wrapper.settings_dict.get("OPTIONS", {}).get("connect_timeout") != timeout:
+        wrapper.settings_dict = {
+            **wrapper.settings_dict,
+            "OPTIONS": {**options, "connect_timeout": timeout},
+        }
+
+
+def _what(alias: str) -> str:
+    return "database" if alias == conf.database_alias() else "read database"
+
+
 @contextlib.contextmanager
-def _cursor() -> Iterator[Any]:
-    alias = conf.read_database_alias()
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+def reading(using: str | None = None) -> Iterator[Any]:
+    """A cursor in a transaction on :func:`read_alias`, whose every statement (the ORM's too)
+    is bounded by ``JOBS_STATEMENT_TIMEOUT_MS``. A database that is away or not
+    migrated raises :class:`~django_jobs.exceptions.DatabaseUnreachable` or
+    :class:`~django_jobs.exceptions.JobTablesMissing`, whose message names it."""
+    alias = read_alias(using)
+    with (
+        diagnosis.translated(alias, _what(alias), waits=True),
+        transaction.atomic(using=alias),
+        connections[alias].cursor() as cursor,
+    ):
+        # For the whole transaction: db.execute bounds its own statements, and puts this back.
+        cursor.execute(query("bound_reads"), {"ms": str(conf.statement_timeout_ms())})
         thresholds = {
             "worker_timeout": str(conf.worker_timeout()),
             "timeout_grace": str(conf.timeout_grace()),
@@ -106,27 +151,27 @@ def _rows(cursor: Cursor, name: str, params: Any = None) -> list[dict[str, Any]]
     return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
 
 
-def queue_summary() -> list[dict[str, Any]]:
+def queue_summary(using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_queue_summary``: unfinished jobs per queue and state."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "queue_summary")
 
 
-def throughput(minutes: int = 15) -> list[dict[str, Any]]:
+def throughput(minutes: int = 15, using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_throughput`` for the last ``minutes`` minutes, oldest first."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "throughput", {"minutes": minutes})
 
 
-def task_durations() -> list[dict[str, Any]]:
+def task_durations(using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_task_durations``: p50/p95/max run time per task, last hour."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "task_durations")
 
 
-def workers() -> list[dict[str, Any]]:
+def workers(using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_workers``: every registered worker, alive or not."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         rows = _rows(cursor, "workers")
     for row in rows:
         if isinstance(row["queues"], str):
@@ -134,31 +179,31 @@ def workers() -> list[dict[str, Any]]:
     return rows
 
 
-def stuck_jobs(limit: int = 100) -> list[dict[str, Any]]:
+def stuck_jobs(limit: int = 100, using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_stuck_jobs``, the longest stuck first."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "stuck_jobs", {"limit": limit})
 
 
-def recent_failures(limit: int = 50) -> list[dict[str, Any]]:
+def recent_failures(limit: int = 50, using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_recent_failures``, newest first."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "recent_failures", {"limit": limit})
 
 
-def running(limit: int = 100) -> list[dict[str, Any]]:
+def running(limit: int = 100, using: str | None = None) -> list[dict[str, Any]]:
     """Rows of ``django_jobs_running``: the running jobs with their progress, the longest
     running first."""
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         return _rows(cursor, "running", {"limit": limit})
 
 
-def summary(window_minutes: int = 15) -> Summary:
+def summary(window_minutes: int = 15, using: str | None = None) -> Summary:
     """Per queue: jobs by state, the oldest ready and running ages, attempts ended in the last
     ``window_minutes``, live workers, stuck jobs; plus the worker and stuck totals."""
     if window_minutes < 1:
         raise InvalidOption("window_minutes must be at least 1")
-    with _cursor() as cursor:
+    with reading(using) as cursor:
         generated_at = _rows(cursor, "summary_clock")[0]["generated_at"]
         states = _rows(cursor, "summary_states")
         ended = _rows(cursor, "summary_ended", {"minutes": window_minutes})
@@ -166,12 +211,15 @@ def summary(window_minutes: int = 15) -> Summary:
         registered = _rows(cursor, "summary_workers")
         schedules = _rows(cursor, "summary_schedules")
         progress = _rows(cursor, "summary_progress")
+    controls = _controls(using)
 
     for worker in registered:
         if isinstance(worker["queues"], str):
             worker["queues"] = json.loads(worker["queues"])
     names = set(registry.queues())
     names.update(row["queue"] for row in states + ended + stuck)
+    if controls is not None:
+        names.update(q for q, c in controls.items() if c["paused"] or c["concurrency_limit"])
     queues: dict[str, QueueSummary] = {name: _empty_queue(name) for name in sorted(names)}
 
     for row in states:
@@ -195,6 +243,16 @@ def summary(window_minutes: int = 15) -> Summary:
             queue["oldest_running_age_seconds"] = row["oldest_age_seconds"]
         elif row["state"] == "waiting":
             queue["waiting"] = row["jobs"]
+    if controls is not None:
+        for name, queue in queues.items():
+            control = controls.get(name) or _OPEN
+            queue["paused"], queue["paused_by"], queue["paused_at"] = (
+                control["paused"],
+                control["paused_by"],
+                control["paused_at"],
+            )
+            queue["pause_reason"] = control["pause_reason"]
+            queue["concurrency_limit"] = control["concurrency_limit"]
     for row in ended:
         queue = queues[row["queue"]]
         queue["done"], queue["failed"], queue["cancelled"] = (
@@ -232,6 +290,26 @@ def summary(window_minutes: int = 15) -> Summary:
         schedules=schedules,
         running=progress,
     )
+
+
+_OPEN: dict[str, Any] = {
+    "paused": False,
+    "paused_by": "",
+    "paused_at": None,
+    "pause_reason": "",
+    "concurrency_limit": None,
+}
+
+
+def _controls(using: str | None) -> dict[str, dict[str, Any]] | None:
+    """The queue controls by queue, read from ``JOBS_DATABASE`` when the other reads are not:
+    pause state and limits are never read from a replica that may lag. ``None`` when the
+    reads are on ``JOBS_DATABASE`` already (the views hold the controls)."""
+    primary = conf.database_alias()
+    if read_alias(using) == primary:
+        return None
+    with diagnosis.translated(primary), connections[primary].cursor() as cursor:
+        return {row["queue"]: row for row in _rows(cursor, "queue_controls")}
 
 
 def _empty_queue(name: str) -> QueueSummary:

@@ -7,15 +7,18 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
+from django_jobs.exceptions import JobsError
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
 from django_jobs.sanitize import mask_text
+from django_jobs.store import diagnosis
 from django_jobs.store import operations_views as stats
 
 WINDOW_MINUTES = 60
@@ -28,7 +31,30 @@ STUCK_REASONS = {
 
 
 def context() -> dict[str, Any]:
-    summary = stats.summary(window_minutes=WINDOW_MINUTES)
+    """What the dashboard shows, read from ``JOBS_READ_DATABASE``. When that is not
+    ``JOBS_DATABASE`` and fails (away, too slow, not migrated), from ``JOBS_DATABASE``
+    instead, with ``read_problem`` saying so for the page's banner."""
+    alias = stats.read_alias()
+    primary = conf.database_alias()
+    try:
+        return _context(alias)
+    except DatabaseError as error:
+        if alias == primary:
+            raise
+        problem = (
+            str(error)
+            if isinstance(error, JobsError)
+            else f"the read database {diagnosis.where(alias)} failed: "
+            f"{type(error).__name__}: {diagnosis.first_line(error)}"
+        )
+        return {
+            **_context(primary),
+            "read_problem": f"{problem}. Showing the primary database {primary!r} instead.",
+        }
+
+
+def _context(alias: str) -> dict[str, Any]:
+    summary = stats.summary(window_minutes=WINDOW_MINUTES, using=alias)
     queues = []
     for queue in summary["queues"]:
         rate = queue["failure_rate"]
@@ -39,7 +65,7 @@ def context() -> dict[str, Any]:
                 "failure_rate_percent": "-" if rate is None else f"{rate:.1%}",
             }
         )
-    minutes = stats.throughput(WINDOW_MINUTES)
+    minutes = stats.throughput(WINDOW_MINUTES, using=alias)
     per_minute: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for row in minutes:
@@ -53,10 +79,11 @@ def context() -> dict[str, Any]:
         if failed
     ][:10]
     workers = [
-        {**w, "seen_ago": stats.format_age(w["seen_seconds_ago"]) or "0s"} for w in stats.workers()
+        {**w, "seen_ago": stats.format_age(w["seen_seconds_ago"]) or "0s"}
+        for w in stats.workers(using=alias)
     ]
     running_jobs = (
-        Job.objects.using(conf.read_database_alias())
+        Job.objects.using(alias)
         .filter(state=Job.State.RUNNING)
         .annotate(running_for=Now() - F("started_at"))
         .only(
@@ -75,25 +102,26 @@ def context() -> dict[str, Any]:
         )
         .order_by("started_at")[:50]
     )
-    running = [
-        (
-            job,
-            stats.format_age(job.running_for.total_seconds()),
-            progress_bar(job.progress) if job.progress else "",
-        )
-        for job in running_jobs
-    ]
+    with stats.reading(alias):  # bounded by the statement timeout of the reads
+        running = [
+            (
+                job,
+                stats.format_age(job.running_for.total_seconds()),
+                progress_bar(job.progress) if job.progress else "",
+            )
+            for job in running_jobs
+        ]
     stuck = [
         {
             **s,
             "reason_text": STUCK_REASONS.get(s["reason"], s["reason"]),
             "age": stats.format_age(s["age_seconds"]),
         }
-        for s in stats.stuck_jobs(limit=20)
+        for s in stats.stuck_jobs(limit=20, using=alias)
     ]
     failures = [
         {**f, "error_text": mask_text(f["error"] or "")[:300]}
-        for f in stats.recent_failures(limit=15)
+        for f in stats.recent_failures(limit=15, using=alias)
     ]
     return {
         "summary": summary,
@@ -108,6 +136,7 @@ def context() -> dict[str, Any]:
         "stuck": stuck,
         "failures": failures,
         "refresh_seconds": REFRESH_SECONDS,
+        "read_problem": "",
     }
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from django_jobs import conf, store
-from django_jobs.exceptions import UnknownTask
+from django_jobs.exceptions import REGISTERED_TASKS_HINT, UnknownTask
 from django_jobs.store import HandBack
 
 logger = logging.getLogger("django_jobs.worker")
@@ -70,10 +70,13 @@ class UnknownTasks:
         self.logged_at[task] = now
         logger.warning(
             "handed back %d job(s) of task %r: it is not registered in this worker, which passes"
-            " over its jobs for %gs at a time; a worker that has it runs them",
+            " over its jobs for %gs at a time; a worker that has it runs them. Jobs are"
+            " registered from an installed app's jobs.py (tasks.py for @task functions of"
+            " Django's Tasks framework) or a module imported at startup. %s",
             self.handed_back.pop(task),
             task,
             conf.unknown_task_delay(),
+            REGISTERED_TASKS_HINT,
             extra={"worker_id": self.worker_id, "task": task, "event": "hand_back"},
         )
 

@@ -264,7 +264,9 @@ def test_the_finder_reads_each_form_of_import() -> None:
     }
     assert {"django_jobs.tasks", "django_jobs.exceptions"} <= early["django_jobs"]
     assert early["django_jobs.management.commands.jobstats"] == {
+        "django_jobs.conf",
         "django_jobs.management.arguments",
+        "django_jobs.management.errors",
         "django_jobs.store.operations_views",
     }
     assert "django_jobs.models" not in early["django_jobs.registry"]  # under TYPE_CHECKING

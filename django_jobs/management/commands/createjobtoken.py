@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
 from django_jobs.exceptions import InvalidOption
+from django_jobs.management.errors import database_errors
 from django_jobs.tokens import auth
 
 
@@ -56,16 +57,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             lifetime = None if options["expires"] is None else auth.lifetime(options["expires"])
-            user = None if options["user"] is None else _django_user(options["user"])
-            row, secret = auth.create(
-                options["name"],
-                options["queues"].split(","),
-                can_enqueue=options["can_enqueue"],
-                tasks=options["tasks"].split(","),
-                expires_in=lifetime,
-                user=user,
-                created_by="" if user is not None else _user(),
-            )
+            with database_errors():
+                user = None if options["user"] is None else _django_user(options["user"])
+                row, secret = auth.create(
+                    options["name"],
+                    options["queues"].split(","),
+                    can_enqueue=options["can_enqueue"],
+                    tasks=options["tasks"].split(","),
+                    expires_in=lifetime,
+                    user=user,
+                    created_by="" if user is not None else _user(),
+                )
         except InvalidOption as error:
             raise CommandError(str(error)) from None
         # psycopg's own too: with server-side binding, the store's statement runs on a psycopg

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_jobs import queues
 from django_jobs.exceptions import InvalidOption
 from django_jobs.management.arguments import add_subcommand
+from django_jobs.management.errors import database_errors
 from django_jobs.models.queue_control import Queue
 
 
@@ -45,6 +46,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        with database_errors():
+            self._act(action, options)
+
+    def _act(self, action: str, options: dict[str, Any]) -> None:
         try:
             if action == "list":
                 self._list()

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
+from django_jobs import conf
 from django_jobs.management.arguments import seconds, whole_number
+from django_jobs.management.errors import database_errors
 from django_jobs.store import operations_views as stats
 
 
@@ -25,7 +29,8 @@ class Command(BaseCommand):
             const=2.0,
             default=None,
             metavar="SECONDS",
-            help="Refresh every SECONDS (default 2) until Ctrl-C.",
+            help="Refresh every SECONDS (default 2) until Ctrl-C. A refresh that fails (the "
+            "database away) prints one line to stderr, and the next one tries again.",
         )
         parser.add_argument(
             "--json",
@@ -46,8 +51,24 @@ class Command(BaseCommand):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, lambda *_: stop.set())
         clear = options["watch"] is not None and not options["json"] and sys.stdout.isatty()
+        shown = False
         while True:
-            data = stats.summary(options["window"])
+            try:
+                with database_errors():
+                    data = stats.summary(options["window"])
+            except CommandError as error:
+                if not shown:
+                    raise
+                # Watching: an outage is a line, and the next refresh tries again, on new
+                # connections (a broken one would fail every refresh after).
+                self.stderr.write(str(error))
+                for alias in {stats.read_alias(), conf.database_alias()}:
+                    with contextlib.suppress(DatabaseError):
+                        connections[alias].close()
+                if stop.wait(options["watch"]):
+                    return
+                continue
+            shown = True
             output = stats.to_json(data) if options["json"] else stats.render(data)
             if clear:
                 self.stdout.write("\033[H\033[2J", ending="")

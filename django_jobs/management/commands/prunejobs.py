@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import conf
 from django_jobs.management.arguments import whole_number
+from django_jobs.management.errors import database_errors
 from django_jobs.prune import PruneResult, check_states, prune
 
 
@@ -77,12 +78,13 @@ class Command(BaseCommand):
                     f"kept {result.kept} ({result.jobs / max(result.elapsed, 1e-3):.0f} jobs/s)"
                 )
 
-        result = prune(
-            older_than=options["older_than"],
-            states=options["state"],
-            dry_run=options["dry_run"],
-            batch_size=options["batch_size"],
-            progress=progress,
-        )
+        with database_errors():
+            result = prune(
+                older_than=options["older_than"],
+                states=options["state"],
+                dry_run=options["dry_run"],
+                batch_size=options["batch_size"],
+                progress=progress,
+            )
         if verbosity >= 1:
             self.stdout.write(("dry run: " if result.dry_run else "") + result.summary())

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import logs
 from django_jobs.management.arguments import seconds
+from django_jobs.management.errors import database_errors
 from django_jobs.reaper import ReapReport, logger, reap_loop, reap_pass
 
 
@@ -47,12 +48,13 @@ class Command(BaseCommand):
             else:
                 self.stdout.write(report.summary())
 
-        if not options["loop"]:
-            summarize(reap_pass(dry_run=options["dry_run"], emit=emit))
-            return
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        reap_loop(
-            options["interval"], stop, dry_run=options["dry_run"], emit=emit, on_pass=summarize
-        )
+        with database_errors():
+            if not options["loop"]:
+                summarize(reap_pass(dry_run=options["dry_run"], emit=emit))
+                return
+            stop = threading.Event()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+            reap_loop(
+                options["interval"], stop, dry_run=options["dry_run"], emit=emit, on_pass=summarize
+            )

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs import checks, conf, logs
 from django_jobs.management.arguments import add_log_arguments, seconds
+from django_jobs.management.errors import wait_for_tables
 from django_jobs.runtime.identity import base_name, new_worker_id
 from django_jobs.schedules.runner import Scheduler
 from django_jobs.store.connection import QueueConnection
@@ -43,6 +44,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         logs.configure(options["log_level"], options["log_format"])
+        if not wait_for_tables(conf.database_alias(), burst=False, logger=logger, what="scheduler"):
+            return  # stopped by a signal while waiting for the database
         name = new_worker_id(base_name(None))
         connection = QueueConnection(conf.database_alias(), f"scheduler:{name}")
         queue = PostgresQueue(connection)

@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_jobs import apiclient, checks, logs
+from django_jobs import apiclient, checks, conf, logs
 from django_jobs.exceptions import ApiRefused, InvalidOption
 from django_jobs.management.arguments import add_log_arguments, seconds, whole_number
+from django_jobs.management.errors import unnamed_queues, wait_for_tables
 from django_jobs.worker import http_queue
 from django_jobs.worker.supervisor import Supervisor
+
+logger = logging.getLogger("django_jobs.worker")
 
 
 def _queue_list(value: str) -> list[str]:
@@ -145,6 +149,16 @@ class Command(BaseCommand):
                 "that are not ready yet"
             )
         queue = None
+        alias = None if api is not None else conf.database_alias()
+        if alias is not None and not wait_for_tables(alias, burst=options["burst"], logger=logger):
+            return  # stopped by a signal while waiting for the database
+        for name in unnamed_queues(options["queues"] or (), alias):
+            logger.warning(
+                "queue %r is named by nothing: no JOBS_QUEUES or JOBS_QUEUE_LIMITS entry, "
+                "registered task, periodic job, job or queue control; this worker will find "
+                "no jobs there unless something enqueues to it (a typo in --queues?)",
+                name,
+            )
         if api is not None:
             try:
                 queue = http_queue.open_queue(api, options["token_file"], os.environ)

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_jobs import conf
+from django_jobs.management.errors import database_errors
 from django_jobs.schedules import declarations
 
 
@@ -26,7 +27,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with connections[conf.database_alias()].cursor() as cursor:
+        with database_errors(), connections[conf.database_alias()].cursor() as cursor:
             report = declarations.sync(cursor, dry_run=options["check"])
         for line in report.lines():
             self.stdout.write(("would be " if options["check"] else "") + line)

@@ -1,6 +1,17 @@
 -- Operations data (store/operations_views.py): reads of the SQL views of migration 0003, the public contract
 -- that Grafana also queries (see docs/operations.md).
 
+-- name: bound_reads
+-- The statement timeout of a reading transaction, for the ORM's statements in it too (the
+-- dashboard's running jobs); local to the transaction.
+SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- name: queue_controls
+-- The queue controls, read from JOBS_DATABASE whatever the read database: a replica that lags
+-- must not show a queue just paused as open. A queue without a row is open, with no limit.
+SELECT name AS queue, paused, paused_by, paused_at, pause_reason, concurrency_limit
+FROM django_jobs_queue
+
 -- name: view_thresholds
 -- The views judge workers dead and jobs overdue by these session settings; set for the
 -- reading transaction only.
