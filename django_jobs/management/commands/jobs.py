@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from django_jobs import conf, operator_actions
 from django_jobs.exceptions import JobsError
 from django_jobs.management.arguments import add_subcommand, seconds, whole_number
+from django_jobs.management.errors import database_errors
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
@@ -134,7 +135,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         handler = getattr(self, f"_{action}")
-        handler(options)
+        with database_errors():  # one line naming migrate, or the database out of reach
+            handler(options)
 
     # ------------------------------------------------------------------------- reading
 
