@@ -227,6 +227,7 @@ SCHEDULE_FORM = {
     "priority": "",
     "catch_up": "skip",
     "overlap": "allow",
+    "when_queue_paused": "skip",
 }
 FUTURE = timezone.now() + timedelta(days=1)
 
