@@ -35,6 +35,8 @@ def lease_lost() -> ApiError:
 
 #: A worker's own name for itself, as it sends it; the registry stores ``api:TOKEN:WORKER``.
 WORKER = re.compile(r"[A-Za-z0-9._:@/-]{1,90}", re.ASCII)
+#: The name a worker shows in the registry (a heartbeat's ``info.name``): its pod's or host's.
+NAME = re.compile(r"[A-Za-z0-9._:@/-]{1,200}", re.ASCII)
 #: A host name or address (IPv6 and its zone included), as a heartbeat's ``info.host`` gives it.
 HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,255}", re.ASCII)
 #: A Kubernetes pod's name, as a heartbeat's ``info.pod`` gives it (empty: none).
@@ -176,15 +178,23 @@ def _shown(value: Any) -> str:
 
 
 def strings(
-    body: dict[str, Any], name: str, *, required: bool = False, label: str | None = None
+    body: dict[str, Any],
+    name: str,
+    *,
+    required: bool = False,
+    label: str | None = None,
+    longest: int = 200,
 ) -> list[str] | None:
-    """A list of non-empty strings, or None when absent (and not required)."""
+    """A list of non-empty strings of ``longest`` characters at most, or None when absent (and
+    not required)."""
     label = label or name
     value = field(body, name, list, ... if required else None, label=label)
     if value is None:
         return None
-    if not all(isinstance(item, str) and item and len(item) <= 200 for item in value):
-        raise ApiError(400, f"{label} must be a list of non-empty strings of 200 at most", label)
+    if not all(isinstance(item, str) and item and len(item) <= longest for item in value):
+        raise ApiError(
+            400, f"{label} must be a list of non-empty strings of {longest} at most", label
+        )
     return list(dict.fromkeys(value))
 
 
@@ -218,7 +228,7 @@ def info(body: dict[str, Any]) -> dict[str, Any]:
     given = field(body, "info", dict, {})
     checked_info: dict[str, Any] = {}
     for name, pattern, rule in (
-        ("name", WORKER, _WORKER_RULE),
+        ("name", NAME, "1 to 200 letters, digits or . _ : @ / - (a pod's or host's name)"),
         ("host", HOST, "1 to 255 letters, digits or . _ : % [ ] - (a host name or address)"),
         ("pod", POD, "up to 253 letters, digits or . _ - (a Kubernetes pod's name)"),
     ):
@@ -262,6 +272,11 @@ def progress(body: dict[str, Any], job_id: int) -> Progress | None:
 
 
 # ---------------------------------------------------------------------- leases
+
+
+#: The longest lease: a job id, a UUID, an attempt and a worker id (``api:`` and a token's name
+#: of 100 characters, ``:`` and a worker's of 90), with their dots.
+LONGEST_LEASE = 19 + 1 + 36 + 1 + 10 + 1 + 195
 
 
 def lease_text(lease: Lease) -> str:

@@ -250,7 +250,7 @@ async def job_heartbeat(
 @endpoint
 async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
     worker_id = grant.worker_prefix + protocol.worker(body)
-    texts = protocol.strings(body, "leases") or []
+    texts = protocol.strings(body, "leases", longest=protocol.LONGEST_LEASE) or []
     unwritten = protocol.job_ids(body, "unwritten")
     extra = protocol.info(body)
     leases, known = [], {}

@@ -269,7 +269,7 @@ def test_a_forged_leases_worker_part_registers_nothing(api: DjangoApi | AsgiApi)
     ("info", "field"),
     [
         ({"name": "<script>alert(1)</script>"}, "info.name"),
-        ({"name": "x" * 91}, "info.name"),
+        ({"name": "x" * 201}, "info.name"),
         ({"name": ""}, "info.name"),
         ({"host": "db.internal evil"}, "info.host"),
         ({"host": "h" * 256}, "info.host"),
@@ -298,6 +298,20 @@ def test_a_valid_info_is_registered_as_sent(api: DjangoApi | AsgiApi) -> None:
         "api:ta:gpu-pod-7:12:ab", "gpu-pod-7", "fe80::1%eth0", 2**31 - 1, 4, "gpu-pod-7.x"
     )  # fmt: skip
     assert (row.queues, row.tasks) == (["remote"], ["remote.upper"])
+
+
+def test_the_longest_names_make_a_lease_the_batch_heartbeat_takes() -> None:
+    token = auth.create("n" * 100, ["remote"], can_enqueue=True)[1]
+    api = DjangoApi(token)
+    assert api.post("v1/enqueue", {"task": "remote.upper"}).status == 201
+    worker = "w" * 90
+    answer = api.post("v1/claim", {"worker": worker})
+    assert answer.status == 200, answer
+    lease = answer.data["job"]["lease"]
+    assert len(lease) > 200
+    beat = api.post("v1/heartbeat", {"worker": worker, "leases": [lease]})
+    assert beat.status == 200, beat
+    assert beat.data["leases"][lease]["held"] is True
 
 
 # ---------------------------------------------------------------------- item 12: JSON errors
