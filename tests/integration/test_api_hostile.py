@@ -348,6 +348,25 @@ def test_unknown_paths_under_the_mount_point_get_a_json_404(api: DjangoApi | Asg
         refused(api.post(path, {}), 404, None)
 
 
+def test_django_asgi_handler_does_not_serve_a_percent_encoded_path() -> None:
+    # Without with_api: Django's own ASGI handler, which routes on the decoded path.
+    from testproject.asgi import django_application
+
+    token = auth.create("ta", ["remote"])[1]
+
+    async def send(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=django_application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            headers = {"Authorization": f"Bearer {token}"}
+            return await client.post(path, content=b'{"worker": "w1"}', headers=headers)
+
+    for path in ("/jobs/api/v1%2Fclaim", "/jobs/api/v1/cl%61im"):
+        answer = asyncio.run(send(path))
+        assert (answer.status_code, answer.json()["field"]) == (404, None), answer.content
+    assert asyncio.run(send("/jobs/api/v1/claim")).status_code == 204
+    assert Worker.objects.count() == 1
+
+
 def test_two_authorization_headers_are_refused_not_last_wins(api: DjangoApi | AsgiApi) -> None:
     # As servers pass repeated headers on: joined with a comma.
     answer = api.raw("v1/claim", dumps({"worker": "w1"}),
