@@ -7,6 +7,7 @@ the views turn it into ``{"error": ..., "field": ...}``. Nothing here touches th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -14,7 +15,7 @@ from typing import Any
 
 from django_jobs import conf
 from django_jobs.progress import BadProgress, Progress, checked
-from django_jobs.storable import storable_text, unstorable
+from django_jobs.storable import may_hold_unstorable, storable_text, unstorable
 from django_jobs.store import ClaimedJob, Lease
 
 
@@ -63,13 +64,17 @@ def max_body_bytes() -> int:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request's JSON object; a 400 for anything else. Every string in it (keys included)
-    is one PostgreSQL can store, except in the fields of :data:`REPAIRED`, and it nests at most
-    :data:`MAX_DEPTH` levels: a 400 naming the field otherwise."""
+    """The request's JSON object (UTF-8, as RFC 8259 has it); a 400 for anything else. Every
+    string in it (keys included) is one PostgreSQL can store, except in the fields of
+    :data:`REPAIRED`, and it nests at most :data:`MAX_DEPTH` levels: a 400 naming the field
+    otherwise."""
     if len(raw) > max_body_bytes():
         raise ApiError(400, f"the request body is over {max_body_bytes()} bytes", None)
     try:
-        body = json.loads(raw or b"{}", parse_constant=_not_a_number)
+        # Strict UTF-8: a surrogate can then come only from a \u escape, which the quick test
+        # of _check_texts sees.
+        text = (raw or b"{}").decode("utf-8")
+        body = json.loads(text, parse_constant=_not_a_number)
     except RecursionError:
         raise ApiError(400, _too_deep("the request body"), None) from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -77,7 +82,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"the request body is not JSON: {exc}", None) from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
-    _check_texts(body)
+    _check_texts(body, text)
     return body
 
 
@@ -89,25 +94,49 @@ def _too_deep(what: str) -> str:
     return f"{what} nests arrays and objects more than {MAX_DEPTH} levels deep"
 
 
-def _check_texts(body: dict[str, Any]) -> None:
-    """Refuse a body nested too deep, or holding a string PostgreSQL cannot store."""
-    stack: list[tuple[Any, str, int, bool]] = [(body, "", 0, True)]
+def _check_texts(body: dict[str, Any], text: str) -> None:
+    """Refuse a body nested too deep, or holding a string PostgreSQL cannot store. ``text`` is
+    the body's JSON: where it has no escape of a NUL or a surrogate and too few brackets to
+    nest too deep (a claim's, a heartbeat's), there is nothing to walk."""
+    check = may_hold_unstorable(text)
+    if not check and (
+        text.count("[") + text.count("{") <= MAX_DEPTH or _deepest(text) <= MAX_DEPTH
+    ):
+        return
+    stack: list[tuple[Any, str, int, bool]] = [(body, "", 0, check)]
     while stack:
         value, path, depth, check = stack.pop()
-        if depth > MAX_DEPTH:
+        if depth >= MAX_DEPTH and isinstance(value, dict | list):  # depth: its containers
             raise ApiError(400, _too_deep(path), path)
         if isinstance(value, dict):
             for key, item in value.items():
-                where = f"{path}.{key}" if path else key
                 if check and (why := unstorable(key)) is not None:
                     name = path or storable_text(key, note=False)
                     raise ApiError(400, f"a key of {name} {why}", _field_name(name))
                 repaired = path == "" and key in REPAIRED
-                stack.append((item, where, depth + 1, check and not repaired))
+                if check or isinstance(item, dict | list):
+                    where = f"{path}.{key}" if path else key
+                    stack.append((item, where, depth + 1, check and not repaired))
         elif isinstance(value, list):
-            stack.extend((item, path, depth + 1, check) for item in value)
+            stack.extend(
+                (item, path, depth + 1, check)
+                for item in value
+                if check or isinstance(item, dict | list)
+            )
         elif check and isinstance(value, str) and (why := unstorable(value)) is not None:
             raise ApiError(400, f"{_field_name(path)} {why}", _field_name(path))
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Every byte but the brackets, deleted; the brackets made steps: 2 opens, 0 closes (less one).
+_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def _deepest(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (its strings left out)."""
+    steps = _STRING.sub("", text).encode("utf-8").translate(_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(step - 1 for step in steps), default=0)
 
 
 def _field_name(path: str) -> str:
