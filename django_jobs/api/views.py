@@ -92,7 +92,7 @@ def error_response(error: ApiError) -> HttpResponse:
 
 def internal_error() -> HttpResponse:
     """The answer to a request that failed on a bug: JSON, as every other error."""
-    message = "the server failed on this request (a bug, logged there); do not send it again"
+    message = "the server failed on this request: a bug, logged there with its traceback"
     return JsonResponse({"error": message, "field": None}, status=500)
 
 
