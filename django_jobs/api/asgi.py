@@ -45,7 +45,9 @@ def with_api(app: Application, prefix: str = "/jobs/api/") -> Application:
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(prefix):
-            await serve(scope, receive, send, _raw_path(scope)[len(prefix) :])
+            raw = _raw_path(scope)
+            # The prefix itself sent percent-encoded: no endpoint either.
+            await serve(scope, receive, send, raw[len(prefix) :] if raw.startswith(prefix) else "%")
         else:
             await app(scope, receive, send)
 

@@ -86,7 +86,9 @@ def test_the_api_routes_on_the_raw_path() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/jobs/api/v1/claim",
-             "raw_path": b"/jobs/api/v1%2Fclaim", "headers": [], "client": ("x", 1)}  # fmt: skip
-    asyncio.run(with_api(project)(scope, receive, send))
-    assert sent[0]["status"] == 404  # not the claim's 401
+    for raw in (b"/jobs/api/v1%2Fclaim", b"/jobs%2Fapi/v1/claim", b"/jobs/api%2Fv1/claim"):
+        scope = {"type": "http", "method": "POST", "path": "/jobs/api/v1/claim",
+                 "raw_path": raw, "headers": [], "client": ("x", 1)}  # fmt: skip
+        sent.clear()
+        asyncio.run(with_api(project)(scope, receive, send))
+        assert sent[0]["status"] == 404, raw  # not the claim's 401
