@@ -463,11 +463,16 @@ def call(body: dict[str, Any]) -> Call:
         text = options["run_after"]
         try:
             moment = datetime.datetime.fromisoformat(text) if isinstance(text, str) else None
-        except ValueError:
+            if moment is not None and moment.tzinfo is not None:
+                # In UTC, as it is stored: a time of year 1 or 9999 in a zone may fall outside.
+                moment = moment.astimezone(datetime.UTC)
+        except (ValueError, OverflowError):
             moment = None
         if moment is None or moment.tzinfo is None:
             raise ApiError(
-                400, "run_after must be an ISO 8601 time with its zone", "options.run_after"
+                400,
+                "run_after must be an ISO 8601 time with its zone, from year 1 to 9999 in UTC",
+                "options.run_after",
             )
         options["run_after"] = moment
     if "delay" in options:
