@@ -36,6 +36,11 @@ _STALE_CONNECTION = (
     BrokenPipeError,
 )
 
+#: The refusals that ask the client to try again later (a request timeout, a rate limit): with
+#: the server errors (5xx), they are outages. Every other 4xx is final: the same request would
+#: be refused again, so it is never sent again.
+TRY_AGAIN = (408, 429)
+
 #: What to do about a refusal, by status.
 HINTS = {
     401: "check the token (--token-file or DJANGO_JOBS_API_TOKEN); "
@@ -86,7 +91,9 @@ class Api:
 
     def post(self, path: str, body: dict[str, Any], *, wait: float = 0.0) -> tuple[int, Any]:
         """POST ``body`` to ``path`` (below the API's URL); return the status and the decoded
-        answer (``None`` for no content). 2xx, 404 and 409 are returned; anything else raises."""
+        answer (``None`` for no content). 2xx, 404 and 409 are returned; a 5xx, 408 or 429
+        raises :class:`ApiUnreachable` (try again later), any other status
+        :class:`ApiRefused` (final)."""
         data = json.dumps(body).encode()
         headers = {
             "Content-Type": "application/json",
@@ -101,7 +108,7 @@ class Api:
             reason = str(exc) or type(exc).__name__
             raise ApiUnreachable(f"API unreachable at {self.url}: {reason}") from exc
         self.broken = False
-        if status >= 500:
+        if status >= 500 or status in TRY_AGAIN:
             raise ApiUnreachable(f"API at {self.url} answered {status} to {path}: {_error(raw)}")
         if status < 300 or status in (404, 409):
             return status, _decoded(raw, status, path)

@@ -66,8 +66,9 @@ class SpawnRefused(JobsError):
 
 
 class ApiRefused(JobsError):
-    """The jobs HTTP API refused a worker's request (400, 401, 403, 404): a bad or revoked
-    token, a queue the token does not hold, a wrong ``--api`` URL. Trying again will not help."""
+    """The jobs HTTP API refused a worker's request (400, 401, 403, 404...): a bad or revoked
+    token, a queue the token does not hold, a wrong ``--api`` URL, a value it cannot store.
+    Trying again will not help: the request is never sent again."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -76,7 +77,8 @@ class ApiRefused(JobsError):
 
 class ApiUnreachable(JobsError, ConnectionError):
     """The jobs HTTP API did not answer (a network error, a timeout) or answered with a server
-    error (5xx): an outage, retried until it is over."""
+    error (5xx), or asked to be tried again later (408, 429): an outage, retried until it is
+    over."""
 
 
 class Retry(Exception):

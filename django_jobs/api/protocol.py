@@ -7,12 +7,15 @@ the views turn it into ``{"error": ..., "field": ...}``. Nothing here touches th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
 from typing import Any
 
 from django_jobs import conf
+from django_jobs.progress import BadProgress, Progress, checked
+from django_jobs.storable import may_hold_unstorable, storable_text, unstorable
 from django_jobs.store import ClaimedJob, Lease
 
 
@@ -32,7 +35,21 @@ def lease_lost() -> ApiError:
 
 
 #: A worker's own name for itself, as it sends it; the registry stores ``api:TOKEN:WORKER``.
-WORKER = re.compile(r"^[A-Za-z0-9._:@/-]{1,90}$")
+WORKER = re.compile(r"[A-Za-z0-9._:@/-]{1,90}", re.ASCII)
+#: The name a worker shows in the registry (a heartbeat's ``info.name``): its pod's or host's.
+NAME = re.compile(r"[A-Za-z0-9._:@/-]{1,200}", re.ASCII)
+#: A host name or address (IPv6 and its zone included), as a heartbeat's ``info.host`` gives it.
+HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,255}", re.ASCII)
+#: A Kubernetes pod's name, as a heartbeat's ``info.pod`` gives it (empty: none).
+POD = re.compile(r"[A-Za-z0-9._-]{0,253}", re.ASCII)
+#: The largest values of PostgreSQL's ``integer`` and ``bigint`` columns.
+INT_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+#: The deepest nesting of arrays and objects a request body may have.
+MAX_DEPTH = 64
+#: The fields of a finish whose text is made storable rather than refused (NUL written as
+#: ``\x00``, invalid Unicode as U+FFFD): the attempt has run, and its outcome must be kept.
+REPAIRED = ("result", "error", "traceback")
 #: A body may hold arguments up to JOBS_MAX_PAYLOAD_BYTES, and this much more.
 BODY_SLACK = 64 * 1024
 #: The outcomes a worker may end an attempt with.
@@ -47,33 +64,135 @@ def max_body_bytes() -> int:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request's JSON object; a 400 for anything else."""
+    """The request's JSON object (UTF-8, as RFC 8259 has it); a 400 for anything else. Every
+    string in it (keys included) is one PostgreSQL can store, except in the fields of
+    :data:`REPAIRED`, and it nests at most :data:`MAX_DEPTH` levels: a 400 naming the field
+    otherwise."""
     if len(raw) > max_body_bytes():
         raise ApiError(400, f"the request body is over {max_body_bytes()} bytes", None)
     try:
-        body = json.loads(raw or b"{}")
+        # Strict UTF-8: a surrogate can then come only from a \u escape, which the quick test
+        # of _check_texts sees.
+        text = (raw or b"{}").decode("utf-8")
+        body = json.loads(text, parse_constant=_not_a_number)
+    except RecursionError:
+        raise ApiError(400, _too_deep("the request body"), None) from None
     except (ValueError, UnicodeDecodeError) as exc:
+        # ValueError includes an integer over Python's limit of digits for a conversion.
         raise ApiError(400, f"the request body is not JSON: {exc}", None) from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
+    _check_texts(body, text)
     return body
 
 
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")  # Python's json reads NaN and Infinity
+
+
+def _too_deep(what: str) -> str:
+    return f"{what} nests arrays and objects more than {MAX_DEPTH} levels deep"
+
+
+def _check_texts(body: dict[str, Any], text: str) -> None:
+    """Refuse a body nested too deep, or holding a string PostgreSQL cannot store. ``text`` is
+    the body's JSON: where it has no escape of a NUL or a surrogate and too few brackets to
+    nest too deep (a claim's, a heartbeat's), there is nothing to walk."""
+    check = may_hold_unstorable(text)
+    if not check and (
+        text.count("[") + text.count("{") <= MAX_DEPTH or _deepest(text) <= MAX_DEPTH
+    ):
+        return
+    stack: list[tuple[Any, str, int, bool]] = [(body, "", 0, check)]
+    while stack:
+        value, path, depth, check = stack.pop()
+        if depth >= MAX_DEPTH and isinstance(value, dict | list):  # depth: its containers
+            raise ApiError(400, _too_deep(path), path)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if check and (why := unstorable(key)) is not None:
+                    name = path or storable_text(key, note=False)
+                    raise ApiError(400, f"a key of {name} {why}", _field_name(name))
+                repaired = path == "" and key in REPAIRED
+                if check or isinstance(item, dict | list):
+                    where = f"{path}.{key}" if path else key
+                    stack.append((item, where, depth + 1, check and not repaired))
+        elif isinstance(value, list):
+            stack.extend(
+                (item, path, depth + 1, check)
+                for item in value
+                if check or isinstance(item, dict | list)
+            )
+        elif check and isinstance(value, str) and (why := unstorable(value)) is not None:
+            raise ApiError(400, f"{_field_name(path)} {why}", _field_name(path))
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Every byte but the brackets, deleted; the brackets made steps: 2 opens, 0 closes (less one).
+_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def _deepest(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (its strings left out)."""
+    steps = _STRING.sub("", text).encode("utf-8").translate(_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(step - 1 for step in steps), default=0)
+
+
+def _field_name(path: str) -> str:
+    return path if len(path) <= 100 else path[:100] + "..."
+
+
 def field(
-    body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...
+    body: dict[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    default: Any = ...,
+    *,
+    label: str | None = None,
 ) -> Any:
-    """``body[name]``, of type ``kind``; required unless a ``default`` is given."""
+    """``body[name]``, of type ``kind``; required unless a ``default`` is given. ``label`` is
+    the field's name in errors (``info.pid``, say), ``name`` by default."""
+    label = label or name
     if name not in body or body[name] is None:
         if default is ...:
-            raise ApiError(400, f"{name} is required", name)
+            raise ApiError(400, f"{label} is required", label)
         return default
     value = body[name]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
-        raise ApiError(400, f"{name} must be {_kind_name(kinds)}, not {value!r}", name)
+        raise ApiError(400, f"{label} must be {_kind_name(kinds)}, not {value!r}", label)
     if not isinstance(value, kinds):
-        raise ApiError(400, f"{name} must be {_kind_name(kinds)}, not {_shown(value)}", name)
+        raise ApiError(400, f"{label} must be {_kind_name(kinds)}, not {_shown(value)}", label)
     return value
+
+
+def integer(
+    body: dict[str, Any],
+    name: str,
+    least: int,
+    most: int,
+    default: Any = ...,
+    *,
+    label: str | None = None,
+) -> Any:
+    """``body[name]``, an integer from ``least`` to ``most`` (a column's range)."""
+    label = label or name
+    value = field(body, name, int, default, label=label)
+    if value is not default and not least <= value <= most:
+        raise ApiError(400, f"{label} must be an integer from {least} to {most}", label)
+    return value
+
+
+def job_ids(body: dict[str, Any], name: str, *, label: str | None = None) -> list[int]:
+    """A list of job ids (absent: empty)."""
+    label = label or name
+    ids = field(body, name, list, [], label=label)
+    if not all(
+        isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= BIGINT_MAX for i in ids
+    ):
+        raise ApiError(400, f"{label} must be a list of job ids", label)
+    return list(ids)
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
@@ -87,33 +206,106 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def strings(body: dict[str, Any], name: str, *, required: bool = False) -> list[str] | None:
-    """A list of non-empty strings, or None when absent (and not required)."""
-    value = field(body, name, list, ... if required else None)
+def strings(
+    body: dict[str, Any],
+    name: str,
+    *,
+    required: bool = False,
+    label: str | None = None,
+    longest: int = 200,
+) -> list[str] | None:
+    """A list of non-empty strings of ``longest`` characters at most, or None when absent (and
+    not required)."""
+    label = label or name
+    value = field(body, name, list, ... if required else None, label=label)
     if value is None:
         return None
-    if not all(isinstance(item, str) and item and len(item) <= 200 for item in value):
-        raise ApiError(400, f"{name} must be a list of non-empty strings", name)
+    if not all(isinstance(item, str) and item and len(item) <= longest for item in value):
+        raise ApiError(
+            400, f"{label} must be a list of non-empty strings of {longest} at most", label
+        )
     return list(dict.fromkeys(value))
 
 
-def seconds(body: dict[str, Any], name: str, default: float, most: float) -> float:
-    value = field(body, name, (int, float), default)
-    if not math.isfinite(value) or not 0 <= value <= most:
-        raise ApiError(400, f"{name} must be a number of seconds from 0 to {most:g}", name)
-    return float(value)
+def seconds(
+    body: dict[str, Any], name: str, default: float, most: float, *, label: str | None = None
+) -> float:
+    label = label or name
+    value = field(body, name, (int, float), default, label=label)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf
+    if not math.isfinite(number) or not 0 <= number <= most:
+        raise ApiError(400, f"{label} must be a number of seconds from 0 to {most:g}", label)
+    return number
+
+
+_WORKER_RULE = "1 to 90 letters, digits or . _ : @ / - (say, a pod name)"
 
 
 def worker(body: dict[str, Any]) -> str:
     name = field(body, "worker", str)
-    if not WORKER.match(name):
-        raise ApiError(
-            400, "worker must be 1 to 90 letters, digits or . _ : @ / - (say, a pod name)", "worker"
-        )
+    if not WORKER.fullmatch(name):
+        raise ApiError(400, f"worker must be {_WORKER_RULE}", "worker")
     return name
 
 
+def info(body: dict[str, Any]) -> dict[str, Any]:
+    """A batch heartbeat's ``info``: what the worker registry shows of the worker, checked
+    (absent parts are left out; other keys are ignored)."""
+    given = field(body, "info", dict, {})
+    checked_info: dict[str, Any] = {}
+    for name, pattern, rule in (
+        ("name", NAME, "1 to 200 letters, digits or . _ : @ / - (a pod's or host's name)"),
+        ("host", HOST, "1 to 255 letters, digits or . _ : % [ ] - (a host name or address)"),
+        ("pod", POD, "up to 253 letters, digits or . _ - (a Kubernetes pod's name)"),
+    ):
+        text = field(given, name, str, None, label=f"info.{name}")
+        if text is not None:
+            if not pattern.fullmatch(text):
+                raise ApiError(400, f"info.{name} must be {rule}", f"info.{name}")
+            checked_info[name] = text
+    pid = integer(given, "pid", 0, INT_MAX, None, label="info.pid")
+    concurrency = integer(given, "concurrency", 1, INT_MAX, None, label="info.concurrency")
+    for name, number in (("pid", pid), ("concurrency", concurrency)):
+        if number is not None:
+            checked_info[name] = number
+    for name in ("queues", "tasks"):
+        names = strings(given, name, label=f"info.{name}")
+        if names is not None:
+            checked_info[name] = names
+    return checked_info
+
+
+def progress(body: dict[str, Any], job_id: int) -> Progress | None:
+    """A progress report's ``progress`` (None when absent)."""
+    report = field(body, "progress", dict, None)
+    if report is None:
+        return None
+    for name in ("done", "total"):
+        value = field(report, name, (int, float), None, label=f"progress.{name}")
+        try:
+            finite = value is None or math.isfinite(float(value))
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise ApiError(400, f"progress.{name} must be a finite number", f"progress.{name}")
+    if report.get("done") is None:
+        raise ApiError(400, "progress.done is required", "progress.done")
+    message = field(report, "message", str, "", label="progress.message")
+    try:
+        return checked(job_id, report["done"], report.get("total"), message)
+    except BadProgress as error:
+        raise ApiError(400, str(error), "progress") from None
+
+
 # ---------------------------------------------------------------------- leases
+
+
+#: The longest lease: a job id, a UUID, an attempt and a worker id (``api:`` and a token's name
+#: of 100 characters, ``:`` and a worker's of 90), with their dots.
+LONGEST_LEASE = 19 + 1 + 36 + 1 + 10 + 1 + 195
 
 
 def lease_text(lease: Lease) -> str:
@@ -122,29 +314,43 @@ def lease_text(lease: Lease) -> str:
     return f"{lease.job_id}.{lease.token}.{lease.attempt}.{lease.worker_id}"
 
 
-def read_lease(text: str, worker_prefix: str, job_id: int | None = None) -> Lease | None:
+def read_lease(
+    text: str, worker_prefix: str, job_id: int | None = None, *, label: str = "lease"
+) -> Lease | None:
     """The lease ``text`` stands for; None for one that cannot be this token's (a lease of
-    another token is as good as lost to this one) or another job's."""
-    parts = text.split(".", 3)
-    if len(parts) != 4:
+    another token is as good as lost to this one) or another job's. A 400 naming ``label`` for
+    text that is no lease the API hands out (a made-up worker part, numbers out of range)."""
+    match = _LEASE.fullmatch(text)
+    if match is None:
+        raise ApiError(400, f"{label} is not a lease: send back the claim's lease as it is", label)
+    job, token, attempt, worker_id = match.groups()
+    if not (1 <= int(job) <= BIGINT_MAX and 1 <= int(attempt) <= INT_MAX):
+        raise ApiError(400, f"{label} is not a lease: its numbers are out of range", label)
+    if not worker_id.startswith(worker_prefix):
         return None
-    job, token, attempt, worker_id = parts
-    if not (job.isdigit() and _UUID.match(token) and attempt.isdigit()):
-        return None
-    if not worker_id.startswith(worker_prefix) or (job_id is not None and int(job) != job_id):
+    if not WORKER.fullmatch(worker_id[len(worker_prefix) :]):
+        raise ApiError(400, f"{label} is not a lease: its worker is not a worker's name", label)
+    if job_id is not None and int(job) != job_id:
         return None
     return Lease(job_id=int(job), attempt=int(attempt), worker_id=worker_id, token=token)
 
 
 def parse_lease(body: dict[str, Any], job_id: int, worker_prefix: str) -> Lease:
     """The lease a request about job ``job_id`` sends back; a 409 if it is not one."""
+    if not 1 <= job_id <= BIGINT_MAX:
+        raise ApiError(400, f"the job id in the path must be from 1 to {BIGINT_MAX}", "job_id")
     lease = read_lease(field(body, "lease", str), worker_prefix, job_id)
     if lease is None:
         raise lease_lost()
     return lease
 
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+# The job's id, the claim's token (a UUID), the attempt and the worker's id; ASCII digits only.
+_LEASE = re.compile(
+    r"([0-9]{1,19})\.([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r"\.([0-9]{1,10})\.(.{1,200})",
+    re.ASCII | re.DOTALL,
+)
 
 
 # ---------------------------------------------------------------------- answers
@@ -257,23 +463,24 @@ def call(body: dict[str, Any]) -> Call:
         text = options["run_after"]
         try:
             moment = datetime.datetime.fromisoformat(text) if isinstance(text, str) else None
-        except ValueError:
+            if moment is not None and moment.tzinfo is not None:
+                # In UTC, as it is stored: a time of year 1 or 9999 in a zone may fall outside.
+                moment = moment.astimezone(datetime.UTC)
+        except (ValueError, OverflowError):
             moment = None
         if moment is None or moment.tzinfo is None:
             raise ApiError(
-                400, "run_after must be an ISO 8601 time with its zone", "options.run_after"
+                400,
+                "run_after must be an ISO 8601 time with its zone, from year 1 to 9999 in UTC",
+                "options.run_after",
             )
         options["run_after"] = moment
     if "delay" in options:
-        delay = seconds(options, "delay", 0.0, 366 * 86400 * 100)
+        delay = seconds(options, "delay", 0.0, 366 * 86400 * 100, label="options.delay")
         options["run_after"] = datetime.timedelta(seconds=delay)
         del options["delay"]
     if "depends_on" in options:
-        ids = options["depends_on"]
-        if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids
-        ):
-            raise ApiError(400, "depends_on must be a list of job ids", "options.depends_on")
+        options["depends_on"] = job_ids(options, "depends_on", label="options.depends_on")
     return Call(task, args, kwargs, options)
 
 

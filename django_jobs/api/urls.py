@@ -3,7 +3,7 @@
 path("jobs/api/", include("django_jobs.api.urls")),
 """
 
-from django.urls import path
+from django.urls import path, re_path
 
 from django_jobs.api import views
 
@@ -19,4 +19,6 @@ urlpatterns = [
     path("v1/jobs/<int:job_id>/progress", views.progress, name="progress"),
     path("v1/jobs/<int:job_id>/outcome", views.outcome, name="outcome"),
     path("v1/jobs/<int:job_id>/spawn", views.spawn, name="spawn"),
+    # Any other path under the mount point: a JSON 404, not the project's page.
+    re_path(r"^(?P<rest>.*)$", views.not_found, name="not-found"),
 ]

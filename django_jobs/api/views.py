@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -25,7 +25,6 @@ from django_jobs.api import operations, protocol, thread_pool
 from django_jobs.api.protocol import ApiError
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models.api_token import ALL_QUEUES
-from django_jobs.progress import BadProgress, Progress, checked
 from django_jobs.registry import registry
 from django_jobs.tokens.auth import Grant, cache
 
@@ -34,31 +33,49 @@ logger = logging.getLogger("django_jobs.api")
 Answer = tuple[int, dict[str, Any] | None]
 Handler = Callable[..., Awaitable[Answer]]
 
+#: Seconds a client is asked to wait before it tries again after a 503.
+RETRY_AFTER = 2
+
+# The database's errors that mean it cannot be reached, or a bounded wait ran out (psycopg's
+# own too: with server-side binding, the store runs its statements on a client-side psycopg
+# cursor of the same connection, whose errors Django does not wrap).
+_UNAVAILABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+# A value the database refused: the request's data, which the checks did not catch.
+_REFUSED_DATA = (DataError, psycopg.DataError)
+
 
 def endpoint(handler: Handler) -> Any:
-    """A view: POST only, a valid token, a JSON object in; JSON (or 204) out."""
+    """A view: POST only, a valid token, a JSON object in; JSON (or 204) out. Every error is
+    JSON: a 4xx for the client's mistakes, a 503 (with ``Retry-After``) when the database
+    cannot be reached, and a 500 for a bug."""
 
     @csrf_exempt
     @functools.wraps(handler)
     async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         try:
+            if _encoded_path(request):
+                raise not_found_error()
             if request.method != "POST":
                 raise ApiError(405, "use POST")
             grant = await _authenticate(request)
             body = _body(request)
             status, data = await handler(request, grant, body, **kwargs)
         except ApiError as error:
-            response: HttpResponse = JsonResponse(error.body(), status=error.status)
-            if error.status == 401:
-                response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
-            return response
-        # psycopg's own errors too: with server-side binding, the store runs its statements on a
-        # client-side psycopg cursor of the same connection, whose errors Django does not wrap.
-        except (DatabaseError, psycopg.Error) as error:
+            return error_response(error)
+        except _UNAVAILABLE as error:
             logger.warning("API request failed on the database: %s", error)
-            return JsonResponse(
+            response = JsonResponse(
                 {"error": "the job database is unavailable; try again", "field": None}, status=503
             )
+            response["Retry-After"] = str(RETRY_AFTER)
+            return response
+        except _REFUSED_DATA as error:
+            logger.warning("the database refused a value of an API request: %s", error)
+            message = "a value of the request is out of the range the database stores"
+            return JsonResponse({"error": message, "field": None}, status=400)
+        except Exception:
+            logger.exception("API request %s failed", request.path)
+            return internal_error()
         if data is None:
             return HttpResponse(status=status)
         return JsonResponse(data, status=status)
@@ -66,8 +83,44 @@ def endpoint(handler: Handler) -> Any:
     return view
 
 
+def error_response(error: ApiError) -> HttpResponse:
+    response = JsonResponse(error.body(), status=error.status)
+    if error.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
+    return response
+
+
+def internal_error() -> HttpResponse:
+    """The answer to a request that failed on a bug: JSON, as every other error."""
+    message = "the server failed on this request: a bug, logged there with its traceback"
+    return JsonResponse({"error": message, "field": None}, status=500)
+
+
+def not_found_error() -> ApiError:
+    return ApiError(404, "no such endpoint")
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any other path under the API's mount point: a JSON 404."""
+    return error_response(not_found_error())
+
+
+def _encoded_path(request: HttpRequest) -> bool:
+    """Whether the path, as the client sent it, is percent-encoded: no path of the API is, and
+    routing a decoded one would sidestep a proxy's rule on raw paths."""
+    scope = getattr(request, "scope", None)  # Django's ASGI request
+    raw = scope.get("raw_path") if isinstance(scope, dict) else None
+    if isinstance(raw, bytes):
+        return b"%" in raw
+    uri = request.META.get("RAW_URI") or request.META.get("REQUEST_URI")  # WSGI servers
+    return isinstance(uri, str) and "%" in uri.split("?", 1)[0]
+
+
 async def _authenticate(request: HttpRequest) -> Grant:
     header = request.headers.get("Authorization", "")
+    if "," in header:  # servers join repeated headers with commas; no token has one
+        raise ApiError(400, "send one Authorization header", "Authorization")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "send Authorization: Bearer <token>")
@@ -94,6 +147,9 @@ def _body(request: HttpRequest) -> dict[str, Any]:
         raw = request.body
     except RequestDataTooBig:
         raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes") from None
+    if len(raw) < length:
+        # The client hung up mid-body: what came may still parse, but it is not the request.
+        raise ApiError(400, f"the request body was cut off: {len(raw)} of {length} bytes came")
     return protocol.parse_body(raw)
 
 
@@ -209,18 +265,16 @@ async def job_heartbeat(
 @endpoint
 async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
     worker_id = grant.worker_prefix + protocol.worker(body)
-    texts = protocol.strings(body, "leases") or []
-    unwritten = protocol.field(body, "unwritten", list, [])
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in unwritten):
-        raise ApiError(400, "unwritten must be a list of job ids", "unwritten")
-    extra = protocol.field(body, "info", dict, {})
+    texts = protocol.strings(body, "leases", longest=protocol.LONGEST_LEASE) or []
+    unwritten = protocol.job_ids(body, "unwritten")
+    extra = protocol.info(body)
     leases, known = [], {}
     for text in texts:
-        lease = protocol.read_lease(text, grant.worker_prefix)
+        lease = protocol.read_lease(text, grant.worker_prefix, label="leases")
         if lease is not None and lease.worker_id == worker_id:
             leases.append(lease)
             known[str(lease.token)] = text
-    queues = protocol.strings(extra, "queues")
+    queues = extra.pop("queues", None)
     info = operations.worker_info(worker_id, _client(request), queues, **extra)
     beat = await thread_pool.run(operations.heartbeat, info, leases, unwritten)
     answer = {
@@ -261,16 +315,8 @@ async def release(request: HttpRequest, grant: Grant, body: dict[str, Any], job_
 @endpoint
 async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
-    report = protocol.field(body, "progress", dict, None)
+    shown = protocol.progress(body, job_id)
     log = protocol.field(body, "log", str, None)
-    shown: Progress | None = None
-    if report is not None:
-        try:
-            shown = checked(
-                job_id, report.get("done"), report.get("total"), report.get("message", "")
-            )
-        except BadProgress as error:
-            raise ApiError(400, str(error), "progress") from None
     recorded = await thread_pool.run(operations.record_live, lease, shown, log)
     if not (recorded.progress or recorded.log):
         raise protocol.lease_lost()

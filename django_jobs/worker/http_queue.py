@@ -7,10 +7,11 @@ handed out, kept in ``Lease.token`` and sent back verbatim. An idle worker's cla
 server for a job (long polling), up to the ``wait`` the supervisor allows it.
 
 Errors keep the protocol's meaning: a lost lease (409, or 404 once the job was deleted) makes a
-write return ``None`` (``False`` for a release); no answer, a timeout or a server error (5xx)
-raises :class:`~django_jobs.exceptions.ApiUnreachable`, which the
+write return ``None`` (``False`` for a release); no answer, a timeout, a server error (5xx), a
+408 or a 429 raises :class:`~django_jobs.exceptions.ApiUnreachable`, which the
 :class:`~django_jobs.worker.postgres_queue.QueueGate` backs off as an outage; any other refusal
-raises :class:`~django_jobs.exceptions.ApiRefused`, which it logs.
+raises :class:`~django_jobs.exceptions.ApiRefused`, which it logs, and which is final: the
+outbox never sends a refused write again (a finish falls back to a plain error at once).
 
 The server does the rest itself: it settles workflows (parents, children, dependents) inside
 each finish, and recovers what its reaper finds. A worker of the API fires no periodic jobs and

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_jobs import workflows
+from django_jobs.exceptions import ApiRefused
 from django_jobs.runtime.backoff import Backoff
 from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
@@ -111,7 +112,11 @@ class Outbox:
 
     def _failed(self, write: Write) -> None:
         write.backoff.failed()
-        if self.gate.last_error_transient or write.backoff.failures < FALLBACK_AFTER:
+        # A write the HTTP API refused (a 4xx) would be refused again: never sent again.
+        final = isinstance(self.gate.last_error, ApiRefused)
+        if not final and (
+            self.gate.last_error_transient or write.backoff.failures < FALLBACK_AFTER
+        ):
             return  # a bounded wait ran out: try again, for as long as it takes
         # Not an outage but a write that keeps failing: do something simpler, or give up.
         index = self.writes.index(write)
@@ -122,7 +127,8 @@ class Outbox:
                 write.backoff.failures,
             )
             self.writes[index] = write.fallback(self.gate.last_error)
-        elif write.droppable:
+        elif write.droppable or final:
+            # A finish the API refused is dropped too: the reaper recovers its job.
             logger.error(
                 "giving up on %s after %d failures", write.description, write.backoff.failures
             )

@@ -54,3 +54,41 @@ def test_a_body_over_the_limit_is_refused_before_a_view_reads_it() -> None:
 def test_a_request_without_a_token_is_refused_by_the_view() -> None:
     answer = call(with_api(project), "/jobs/api/v1/claim")
     assert answer["status"] == 401 and answer["body"]["field"] is None
+
+
+def test_a_body_cut_off_by_a_client_that_hung_up_is_not_run() -> None:
+    # A whole JSON object, then the client is gone before the rest it announced.
+    messages = [
+        {"type": "http.request", "body": b'{"worker": "w1"}   ', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/jobs/api/v1/claim",
+             "headers": [(b"content-length", b"100")], "client": ("x", 1)}  # fmt: skip
+    asyncio.run(with_api(project)(scope, receive, send))
+    assert sent[0]["status"] == 400
+    assert "cut off" in json.loads(sent[1]["body"])["error"]
+
+
+def test_the_api_routes_on_the_raw_path() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for raw in (b"/jobs/api/v1%2Fclaim", b"/jobs%2Fapi/v1/claim", b"/jobs/api%2Fv1/claim"):
+        scope = {"type": "http", "method": "POST", "path": "/jobs/api/v1/claim",
+                 "raw_path": raw, "headers": [], "client": ("x", 1)}  # fmt: skip
+        sent.clear()
+        asyncio.run(with_api(project)(scope, receive, send))
+        assert sent[0]["status"] == 404, raw  # not the claim's 401

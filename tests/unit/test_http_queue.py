@@ -244,6 +244,26 @@ def test_server_errors_and_no_server_are_outages(api: ScriptedApi, queue: HttpQu
     assert nobody.broken
 
 
+@pytest.mark.parametrize("status", [400, 401, 403, 405, 413])
+def test_a_refusal_is_final_and_not_an_outage(
+    api: ScriptedApi, queue: HttpQueue, status: int
+) -> None:
+    api.answers = [(status, {"error": "log contains a NUL character", "field": "log"})]
+    with pytest.raises(ApiRefused, match=rf"\({status}\): log contains a NUL.*\(field log\)"):
+        queue.release(LEASE, "bye")
+    assert len(api.requests) == 1 and not queue.broken
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 503])
+def test_a_server_that_asks_to_try_again_later_is_an_outage(
+    api: ScriptedApi, queue: HttpQueue, status: int
+) -> None:
+    api.answers = [(status, {"error": "slow down", "field": None})]
+    with pytest.raises(ApiUnreachable) as raised:
+        queue.release(LEASE, "bye")
+    assert is_connection_fatal(raised.value)
+
+
 def test_a_connection_the_server_closed_while_idle_is_opened_again(
     api: ScriptedApi, queue: HttpQueue
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from django_jobs.exceptions import ApiRefused
 from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP
 from django_jobs.worker.executor import Assignment, Report
 from django_jobs.worker.supervisor import Supervisor
@@ -269,6 +270,26 @@ def test_a_finish_that_fails_for_a_while_is_retried_on_its_own_backoff_while_oth
     assert worker.gate.outage.failures == 0 and queue.ops("heartbeat") == [("heartbeat", None)]
     complaint = f"database error during finish job {first.id} (LockNotAvailable: canceling"
     assert sum(m.startswith(complaint) for m in logs.messages(logging.WARNING)) == 2
+
+
+def test_a_finish_the_api_refuses_is_not_sent_again(clock: Clock, logs: Records) -> None:
+    # A 4xx would come again: the plain error is recorded at once, and if the API refuses that
+    # too, the write is dropped (the heartbeat's orphans or the reaper recover the job).
+    queue = FakeQueue(clock)
+    first, second = queue.add(TASK, 2)
+    refusal = ApiRefused("the jobs API refused v1/jobs/1/finish (400): bad", 400)
+    queue.failures["finish", first.id] = [refusal, refusal]
+    worker = supervisor(queue, FakeExecutors(clock), concurrency=2, burst=True)
+
+    worker.run()
+
+    assert second.state == "done"
+    assert [op for _, op, job_id in queue.calls if op == "finish" and job_id == first.id] == [
+        "finish",
+        "finish",
+    ]
+    assert first.state == "running" and not worker.outbox.writes
+    assert any(m.startswith(f"giving up on finish job {first.id}") for m in logs.messages())
 
 
 def test_ending_thousands_of_jobs_of_a_task_no_worker_has_does_not_recurse(
