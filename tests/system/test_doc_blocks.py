@@ -251,6 +251,8 @@ def serves(argv: list[str]) -> bool:
         return "--loop" in argv
     if command == "jobstats":
         return "--watch" in argv
+    if command == "jobs":
+        return "--follow" in argv or "-f" in argv
     enders = SERVING.get(command)
     if enders is None:
         return False

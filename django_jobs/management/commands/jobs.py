@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import signal
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -211,7 +212,12 @@ class Command(BaseCommand):
         job = self._job(options["job_id"])
         number = options["attempt"]
         printed: tuple[int, str] | None = None
-        while True:
+        stop = threading.Event()
+        if options["follow"]:
+            # Ctrl-C or SIGTERM ends a follow as its end would: what was printed stands.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: stop.set())
+        while not stop.is_set():
             attempt = _attempt(job.pk, number)
             if attempt is None and number is not None:
                 raise CommandError(f"job #{job.pk} has no attempt {number}", returncode=REFUSED)
@@ -235,7 +241,7 @@ class Command(BaseCommand):
             ):
                 self.stderr.write(f"--- job #{job.pk} ended {job.state}")
                 return
-            time.sleep(options["interval"])
+            stop.wait(options["interval"])
 
     # ------------------------------------------------------------------------- changing
 
