@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 
 from django_jobs.worker.executor import executor_main
+from django_jobs.worker.fence import FENCED, Fence
 
 #: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
 #: end of its output pipe (``None``: not captured).
@@ -42,12 +43,14 @@ class ExecutorProcess(SpawnProcess):
         self.stop_requested = stop_requested
 
     def terminate(self) -> None:
-        self.stop_requested.value = 1
+        if self.stop_requested.value != FENCED:  # keep the word that it stopped itself
+            self.stop_requested.value = 1
         super().terminate()
 
 
-def spawn_executor(index: int) -> Spawned:
-    """Start executor process ``index``, with its pipe and its output pipe."""
+def spawn_executor(index: int, fence: Fence | None = None) -> Spawned:
+    """Start executor process ``index``, with its pipe and its output pipe; under ``fence``,
+    it stops its job when the supervisor's heartbeats stop committing (worker/fence.py)."""
     context = multiprocessing.get_context("spawn")
     parent_conn, child_conn = context.Pipe(duplex=True)
     output, child_output = context.Pipe(duplex=False)
@@ -61,6 +64,8 @@ def spawn_executor(index: int) -> Spawned:
             _picklable_databases(),
             os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             stop_requested,
+            fence.terms() if fence is not None else None,
+            os.getpid(),
         ),
         name=f"django-jobs-executor-{index}",
         daemon=True,
