@@ -110,12 +110,11 @@ class Runs:
         fence = self.pool.fence
         after = fence.after
         logger.warning(
-            "job %d was stopped by its own executor after %.1fs (%s): no heartbeat of this"
-            " worker had committed for %.1fs (JOBS_WORKER_TIMEOUT %gs less JOBS_KILL_GRACE %gs"
-            " and %gs of slack), so the reaper may give it to another worker; recording the"
-            " attempt lost",
+            "job %d was stopped by its own executor (%s): no heartbeat of this worker had"
+            " committed for %.1fs (JOBS_WORKER_TIMEOUT %gs less JOBS_KILL_GRACE %gs and %gs of"
+            " slack; was this worker stalled, or the database out of reach?), so the reaper may"
+            " give the job to another worker; recording the attempt lost",
             job.id,
-            exited.elapsed,
             exited.how(),
             after,
             fence.worker_timeout,
