@@ -13,7 +13,9 @@ sent:
 
     fence_after = JOBS_WORKER_TIMEOUT - JOBS_KILL_GRACE - FENCE_SLACK
 
-so the job is dead ``FENCE_SLACK`` seconds before the reaper may call its worker gone. The time
+so the job is dead ``FENCE_SLACK`` seconds before the reaper may call its worker gone (with a
+``JOBS_WORKER_TIMEOUT`` of at least 4 x (``JOBS_KILL_GRACE`` + ``FENCE_SLACK``); a shorter one
+moves the fence no earlier than :data:`FLOOR` of it, see :func:`fence_after`). The time
 is counted from before the heartbeat was sent, which is before the database stamped it, so the
 reaper's count by the database's clock starts later than the executor's.
 
@@ -62,9 +64,17 @@ def clock() -> float:
 CLOCK: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
+#: The earliest an executor stops its job, as a share of ``JOBS_WORKER_TIMEOUT``: a timeout too
+#: short for the margin (under 4 x (``JOBS_KILL_GRACE`` + :data:`FENCE_SLACK`)) would otherwise
+#: stop jobs at the first late heartbeat, or at once.
+FLOOR = 0.75
+
+
 def fence_after(worker_timeout: float, kill_grace: float) -> float:
-    """Seconds after its worker's last heartbeat was sent at which an executor stops its job."""
-    return worker_timeout - kill_grace - FENCE_SLACK
+    """Seconds after its worker's last heartbeat was sent at which an executor stops its job:
+    ``JOBS_KILL_GRACE`` plus :data:`FENCE_SLACK` before ``JOBS_WORKER_TIMEOUT``, but never
+    before :data:`FLOOR` of it (then the kill may come after the reaper could act)."""
+    return max(worker_timeout - kill_grace - FENCE_SLACK, FLOOR * worker_timeout)
 
 
 class Fence:

@@ -2,8 +2,11 @@
 
 Each executor is a fresh interpreter (the ``spawn`` start method: nothing of the supervisor's
 state, its connection included, is inherited), given its pipe to the supervisor, the write end of
-its output pipe, the database settings, the settings module, and the byte of shared memory that
-says the supervisor is stopping it (see :class:`ExecutorProcess`).
+its output pipe, the database settings, the settings module, the byte of shared memory that
+says the supervisor is stopping it (see :class:`ExecutorProcess`), the fence's shared moment of
+the last committed heartbeat, and the supervisor's pid, with which it dies (worker/fence.py).
+Only the file descriptors handed to it are inherited, so an executor holds no copy of another
+executor's pipe, and each pipe ends when its supervisor does.
 """
 
 from __future__ import annotations

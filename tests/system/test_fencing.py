@@ -77,11 +77,11 @@ def test_no_executor_outlives_a_supervisor_killed_by_sigkill(start_worker, tmp_p
     assert waited < 5
 
 
-#: A worker that beats every 0.5 s and counts as gone after 5 s of silence: its executors stop
-#: their job 5 - 0.5 (JOBS_KILL_GRACE) - 2 (FENCE_SLACK) = 2.5 s after its last heartbeat.
+#: A worker that beats every 0.5 s and counts as gone after 10 s of silence: its executors stop
+#: their job 10 - 0.5 (JOBS_KILL_GRACE) - 2 (FENCE_SLACK) = 7.5 s after its last heartbeat.
 FAST = {
     "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "5",
+    "JOBS_WORKER_TIMEOUT": "10",
     "JOBS_KILL_GRACE": "0.5",
     "JOBS_POLL_INTERVAL": "0.2",
 }
@@ -107,7 +107,7 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
     # two bodies would run at once under a limit of 1. The bodies' own journal is the judge.
     path = tmp_path / "journal.jsonl"
     limited = journal.using(max_attempts=3, concurrency_key="fence", concurrency_limit=1)
-    first = limited.enqueue(path=str(path), seconds=8)
+    first = limited.enqueue(path=str(path), seconds=12)
     stalled = start_worker(env=FAST)
     wait_for(lambda: executions(path), 60)
     second = limited.enqueue(path=str(path), seconds=1)
@@ -115,7 +115,7 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
     stopped_at = time.monotonic()
     try:
         taker = start_worker(env=FAST)
-        with override_settings(JOBS_WORKER_TIMEOUT=5, JOBS_HEARTBEAT_INTERVAL=0.5):
+        with override_settings(JOBS_WORKER_TIMEOUT=10, JOBS_HEARTBEAT_INTERVAL=0.5):
             wait_for(lambda: reap_pass().actions, timeout=30, interval=0.2)
         done = {"done"}
         wait_for(lambda: set(Job.objects.values_list("state", flat=True)) == done, 60, 0.2)
@@ -152,7 +152,7 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
     assert (first.state, first.attempt, first.result) == (
         "done",
         2,
-        {"job": first.pk, "slept": 8},
+        {"job": first.pk, "slept": 12},
     )
     outcomes = (
         Attempt.objects.filter(job=first).order_by("number").values_list("outcome", flat=True)
