@@ -138,6 +138,10 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
         (first.pk, True),
     ]
     assert runs[0].last - runs[0].start < stalled_for
+    print(
+        f"the stalled run was last seen {runs[1].start - runs[0].last:.2f}s before the next body"
+        f" started; overlap 0 of {len(runs)} bodies"
+    )
 
     # The stalled supervisor, back, finds its job stopped, says so, and overwrites nothing.
     back = Worker.objects.filter(id__startswith=stalled.name + ":", last_seen_at__gt=resumed)
