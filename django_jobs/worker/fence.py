@@ -102,12 +102,16 @@ class Watchdog:
     """The executor's side: a daemon thread that, while a job runs, stops it once its
     supervisor's last heartbeat is ``after`` seconds old: ``stop_requested`` set to
     :data:`FENCED`, SIGTERM to the job's thread (the executor's SIGTERM handler dies of it,
-    unless the job installed its own), then SIGKILL ``kill_grace`` seconds later."""
+    unless the job installed its own), then SIGKILL ``kill_grace`` seconds later. Behind it, a
+    kernel timer (:class:`KernelKill`), moved on at each look, SIGKILLs the process at that same
+    last moment if the thread could not run: a job holding the GIL for that long while its
+    supervisor is healthy is killed too (and recorded crashed)."""
 
     def __init__(self, terms: tuple[Any, float, float], stop_requested: Any) -> None:
         self.last_beat, self.after, self.kill_grace = terms
         self.stop_requested = stop_requested
         self.job: int | None = None
+        self.kernel = KernelKill()
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._loop, name="django-jobs-fence", daemon=True)
         self.thread.start()
@@ -116,6 +120,11 @@ class Watchdog:
         """``job_id`` has started (``None``: the job has ended)."""
         with self.changed:
             self.job = job_id
+            # Armed from here, before the job runs: a job that takes the GIL at once would
+            # keep this thread from ever arming it.
+            self.kernel.at(
+                None if job_id is None else self.last_beat.value + self.after + self.kill_grace
+            )
             self.changed.notify()
 
     def _loop(self) -> None:
@@ -124,7 +133,11 @@ class Watchdog:
                 if self.job is None:
                     self.changed.wait()
                     continue
-                left = self.last_beat.value + self.after - clock()
+                fence = self.last_beat.value + self.after
+                # Should this thread not get to run (the job holds the GIL), the kernel kills
+                # the job when it must be dead; each look moves that moment on.
+                self.kernel.at(fence + self.kill_grace)
+                left = fence - clock()
                 if left > 0:
                     self.changed.wait(min(left, WATCH_EVERY))
                     continue
@@ -143,6 +156,52 @@ class Watchdog:
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
         time.sleep(self.kill_grace)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Sigevent(ctypes.Structure):
+    _fields_ = [
+        ("sigev_value", ctypes.c_void_p),
+        ("sigev_signo", ctypes.c_int),
+        ("sigev_notify", ctypes.c_int),
+        ("_rest", ctypes.c_byte * 48),  # struct sigevent is 64 bytes
+    ]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class KernelKill:
+    """A POSIX timer on :data:`CLOCK` that has the kernel SIGKILL this process at a given
+    moment: it needs no Python code to run, so it stops a job that holds the GIL (C code that
+    never releases it), which the watchdog thread could not. Linux only; elsewhere (or if the
+    timer cannot be made) :meth:`at` does nothing."""
+
+    def __init__(self) -> None:
+        self.timer: ctypes.c_void_p | None = None
+        if not sys.platform.startswith("linux") or CLOCK is None:
+            return
+        self.libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        event = _Sigevent(sigev_signo=signal.SIGKILL, sigev_notify=0)  # SIGEV_SIGNAL
+        timer = ctypes.c_void_p()
+        if self.libc.timer_create(CLOCK, ctypes.byref(event), ctypes.byref(timer)) == 0:
+            self.timer = timer
+
+    def at(self, moment: float | None) -> None:
+        """SIGKILL this process at ``moment`` (:func:`clock`); ``None``: never."""
+        if self.timer is None:
+            return
+        spec = _Itimerspec()
+        if moment is not None:
+            moment = max(moment, 1e-9)  # zero would disarm
+            spec.it_value.tv_sec = int(moment)
+            spec.it_value.tv_nsec = int((moment - int(moment)) * 1e9)
+        abstime = 1  # TIMER_ABSTIME
+        self.libc.timer_settime(self.timer, abstime, ctypes.byref(spec), None)
 
 
 def die_with_parent(parent: int) -> None:

@@ -291,6 +291,15 @@ def flood(
     return {"blob": "y" * result_bytes}
 
 
+@job(name="tests.hold_gil", max_attempts=2)
+def hold_gil(length: int = 64) -> bool:
+    """Backtrack in the regex engine, which never releases the GIL: no other thread of the
+    process runs until it returns, which takes forever at the default length."""
+    import re
+
+    return re.match(r"(a+)+$", "a" * length + "b") is not None
+
+
 @job(name="tests.import_customer", concurrency_limit=2, max_attempts=1)
 def import_customer(customer: int, seconds: float = 0.0) -> int:
     """A job limited per key: at most 2 running per customer (concurrency_key) at once."""

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.reaper import reap_pass
-from testproject.testjobs.jobs import journal
+from testproject.testjobs.jobs import hold_gil, journal
 from tests.conftest import wait_for
 from tests.system.test_crashes import Execution, executions
 
@@ -162,3 +162,29 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
         Attempt.objects.filter(job=first).order_by("number").values_list("outcome", flat=True)
     )
     assert list(outcomes) == ["lost", "done"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_job_holding_the_gil_is_killed_by_the_kernel_before_the_worker_timeout(
+    start_worker,
+) -> None:
+    # The job backtracks in the regex engine, so its executor's watchdog thread never runs:
+    # the kernel timer it armed must kill the process in its place.
+    job = hold_gil.enqueue()
+    worker = start_worker(env=FAST)
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == "running", 60)
+    wait_for(lambda: children_of(worker.proc.pid), 30)
+    time.sleep(0.5)  # the job is in the regex by now, and has been beating all the while
+    executors = [pid for pid in children_of(worker.proc.pid) if "spawn_main" in command_line(pid)]
+    assert len(executors) == 1, executors
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        # Dead by JOBS_WORKER_TIMEOUT (10 s) less the slack (2 s) after the last heartbeat.
+        wait_for(lambda: not alive(executors[0]), timeout=15, interval=0.05)
+        dead_after = time.monotonic() - stopped_at
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    assert dead_after < 10 - 2 + 0.5, dead_after
+    print(f"the GIL-holding job died {dead_after:.2f}s after its supervisor was stopped")
