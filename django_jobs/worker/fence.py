@@ -122,16 +122,17 @@ class Watchdog:
             self.job = job_id
             # Armed from here, before the job runs: a job that takes the GIL at once would
             # keep this thread from ever arming it.
-            self.kernel.at(
-                None if job_id is None else self.last_beat.value + self.after + self.kill_grace
-            )
+            known = job_id is not None and self.last_beat.value > float("-inf")
+            self.kernel.at(self.last_beat.value + self.after + self.kill_grace if known else None)
             self.changed.notify()
 
     def _loop(self) -> None:
         with self.changed:
             while True:
-                if self.job is None:
-                    self.changed.wait()
+                if self.job is None or self.last_beat.value == float("-inf"):
+                    # No job, or no heartbeat has committed yet (the supervisor claims nothing
+                    # before one has): nothing to count from.
+                    self.changed.wait(None if self.job is None else WATCH_EVERY)
                     continue
                 fence = self.last_beat.value + self.after
                 # Should this thread not get to run (the job holds the GIL), the kernel kills
