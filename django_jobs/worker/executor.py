@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_jobs.exceptions import Fail, Retry, UnknownTask
 from django_jobs.worker.capture import Sink, captured
+from django_jobs.worker.fence import Watchdog, die_with_parent
 
 if TYPE_CHECKING:
     from django_jobs.progress import Progress
@@ -253,12 +254,21 @@ def _summary(exc: BaseException) -> str:
 
 
 def run_and_report(
-    assignment: Assignment, pipe: Pipe, progress: ProgressOut, output: Sink | None
+    assignment: Assignment,
+    pipe: Pipe,
+    progress: ProgressOut,
+    output: Sink | None,
+    watchdog: Watchdog | None = None,
 ) -> None:
-    """Run one job and send its report down ``pipe``, after the last progress it reported."""
+    """Run one job and send its report down ``pipe``, after the last progress it reported;
+    ``watchdog`` stops the job if the supervisor's heartbeats stop committing meanwhile."""
+    if watchdog is not None:
+        watchdog.running(assignment.job_id)
     try:
         report = run_assignment(assignment, progress, output)
     finally:
+        if watchdog is not None:
+            watchdog.running(None)
         progress.flush()  # however the job ended, and before its report
     pipe.send(report)
 
@@ -269,11 +279,17 @@ def executor_main(
     databases: dict[str, Any],
     settings_module: str,
     stop_requested: Any,
+    fence: tuple[Any, float, float] | None = None,
+    parent: int | None = None,
 ) -> None:
     """Entry point of an executor process (started with the ``spawn`` method): jobs come on
     ``conn``, and their reports and progress go back on it; what they print and log goes to
     ``output``, raw. ``stop_requested`` is a shared byte the supervisor sets before it sends
-    this process SIGTERM (worker/spawn.py)."""
+    this process SIGTERM (worker/spawn.py). ``fence``: the supervisor's last committed
+    heartbeat and the terms by which a job stops itself when heartbeats stop committing
+    (worker/fence.py). ``parent``: the supervisor's pid; this process dies with it."""
+    if parent is not None:
+        die_with_parent(parent)
     # Ctrl-C reaches the whole process group; only the supervisor decides what stops a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # So does a SIGTERM to the group (systemd's default KillMode=control-group, kill -TERM
@@ -292,6 +308,7 @@ def executor_main(
     pipe = Pipe(conn)
     progress = ProgressOut(pipe)
     sink = Sink(output.fileno()) if conf.attempt_log_bytes() else None
+    watchdog = Watchdog(fence, stop_requested) if fence is not None else None
     conn.send("ready")
     while True:
         try:
@@ -301,7 +318,7 @@ def executor_main(
         if message is None:
             return
         try:
-            run_and_report(message, pipe, progress, sink)
+            run_and_report(message, pipe, progress, sink, watchdog)
         except (BrokenPipeError, OSError):
             return
         sys.stdout.flush()

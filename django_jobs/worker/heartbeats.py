@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from django_jobs.registry import registry
 from django_jobs.store import WorkerInfo
+from django_jobs.worker.fence import clock
 from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, Queue, QueueGate
@@ -78,12 +79,14 @@ class Heartbeats:
         reaped, and its row in the worker registry deleted: it takes nothing new until a
         heartbeat registers it again."""
         # The clock starts when the last good heartbeat was sent, before the database stamped
-        # it, so the worker stops claiming no later than the reaper may judge it gone.
-        return time.monotonic() - self.last_ok <= self.worker_timeout
+        # it, so the worker stops claiming no later than the reaper may judge it gone; nor
+        # after its executors would stop a job they started (worker/fence.py).
+        return time.monotonic() - self.last_ok <= min(self.worker_timeout, self.pool.fence.after)
 
     def beat(self) -> None:
         """Send a heartbeat; recover the orphans it finds, and stop the runs it disowns."""
         sent = time.monotonic()
+        sent_by_fence_clock = clock()
         self.next_at = sent + self.interval
         leases = self.pool.leases()
         unwritten = sorted(self.outbox.unwritten)
@@ -97,6 +100,7 @@ class Heartbeats:
             self.next_at = min(self.next_at, self.gate.retry_at)
             return
         self.last_ok = sent
+        self.pool.fence.committed(sent_by_fence_clock)
         self.writes.remembered = {}
         if beat.orphans:
             self.writes.recover_orphans(beat.orphans, remembered)

@@ -14,6 +14,7 @@ events are in :mod:`django_jobs.worker.slots`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -25,6 +26,7 @@ from django_jobs import conf
 from django_jobs.progress import Progress
 from django_jobs.store import ClaimedJob, Lease
 from django_jobs.worker.executor import Assignment, Report
+from django_jobs.worker.fence import FENCED, Fence
 from django_jobs.worker.live import Tail, Watch
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outcomes import job_fields
@@ -55,13 +57,15 @@ class ExecutorPool:
         *,
         kill_grace: float | None = None,
         observer: Observer | None = None,
-        spawn: Callable[[int], Spawned] = spawn_executor,
+        spawn: Callable[[int], Spawned] | None = None,
         wait: Callable[[list[Any], float], list[Any]] = wait_for_any,
     ) -> None:
         self.size = size
         self.kill_grace = conf.kill_grace() if kill_grace is None else kill_grace
         self.observer = observer or Observer()
-        self._spawn_process = spawn
+        #: When the supervisor's last committed heartbeat was sent, as the executors see it.
+        self.fence = Fence(conf.worker_timeout(), self.kill_grace)
+        self._spawn_process = spawn or functools.partial(spawn_executor, fence=self.fence)
         self._wait = wait
         self.slots: list[Slot] = []
         self.log_bytes = conf.attempt_log_bytes()
@@ -94,6 +98,12 @@ class ExecutorPool:
     def watches(self) -> list[Watch]:
         """What each running job has reported so far."""
         return [slot.watch for slot in self.slots if slot.watch is not None]
+
+    def fenced(self, slot: Slot) -> bool:
+        """Whether ``slot``'s executor stopped its job itself, because the supervisor's
+        heartbeats had stopped committing (worker/fence.py)."""
+        stop_requested = getattr(slot.process, "stop_requested", None)
+        return stop_requested is not None and stop_requested.value == FENCED
 
     def running(self) -> list[Slot]:
         """The slots whose job runs, and is not being stopped."""

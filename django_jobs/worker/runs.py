@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import logging
 
+from django_jobs.states import Outcome
 from django_jobs.store import ClaimedJob
+from django_jobs.worker.executor import Report
+from django_jobs.worker.fence import FENCE_SLACK
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
 from django_jobs.worker.outcomes import OutcomeLog
@@ -81,6 +84,8 @@ class Runs:
         if job is None:
             if exited.reason is None and not stopping:
                 logger.warning("executor %d exited (%s); replacing it", slot.index, exited.how())
+        elif self.pool.fenced(slot):
+            self._fenced(job, exited)
         elif exited.reason == STOP_SHUTDOWN:
             self.writes.release(job.lease, self.log.fields(job))
         elif exited.reason == STOP_LEASE_LOST:
@@ -96,3 +101,30 @@ class Runs:
             self.pool.retire(slot)
             if deferred is not None:
                 self.writes.release(deferred.lease, self.log.fields(deferred))
+
+    def _fenced(self, job: ClaimedJob, exited: Exited) -> None:
+        """Record the end of a job that its executor stopped because this worker's heartbeats
+        had stopped committing (the supervisor was stalled, or the database out of reach): the
+        attempt is lost, as the reaper would have recorded it. If the reaper has already done
+        so, the fenced write is refused and the log says that another run owns the job."""
+        fence = self.pool.fence
+        after = fence.after
+        logger.warning(
+            "job %d was stopped by its own executor (%s): no heartbeat of this worker had"
+            " committed for %.1fs (JOBS_WORKER_TIMEOUT %gs less JOBS_KILL_GRACE %gs and %gs of"
+            " slack; was this worker stalled, or the database out of reach?), so the reaper may"
+            " give the job to another worker; recording the attempt lost",
+            job.id,
+            exited.how(),
+            after,
+            fence.worker_timeout,
+            fence.kill_grace,
+            FENCE_SLACK,
+            extra=self.log.fields(job),
+        )
+        error = (
+            f"stopped by its executor: no heartbeat of worker {job.lease.worker_id} had"
+            f" committed for {after:.1f}s"
+        )
+        report = Report(job.id, Outcome.LOST, error=error, retryable=True)
+        self.writes.record(job, report, exited.elapsed)

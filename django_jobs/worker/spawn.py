@@ -2,8 +2,11 @@
 
 Each executor is a fresh interpreter (the ``spawn`` start method: nothing of the supervisor's
 state, its connection included, is inherited), given its pipe to the supervisor, the write end of
-its output pipe, the database settings, the settings module, and the byte of shared memory that
-says the supervisor is stopping it (see :class:`ExecutorProcess`).
+its output pipe, the database settings, the settings module, the byte of shared memory that
+says the supervisor is stopping it (see :class:`ExecutorProcess`), the fence's shared moment of
+the last committed heartbeat, and the supervisor's pid, with which it dies (worker/fence.py).
+Only the file descriptors handed to it are inherited, so an executor holds no copy of another
+executor's pipe, and each pipe ends when its supervisor does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from django_jobs.worker.executor import executor_main
+from django_jobs.worker.fence import FENCED, Fence
 
 #: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
 #: end of its output pipe (``None``: not captured).
@@ -42,12 +46,14 @@ class ExecutorProcess(SpawnProcess):
         self.stop_requested = stop_requested
 
     def terminate(self) -> None:
-        self.stop_requested.value = 1
+        if self.stop_requested.value != FENCED:  # keep the word that it stopped itself
+            self.stop_requested.value = 1
         super().terminate()
 
 
-def spawn_executor(index: int) -> Spawned:
-    """Start executor process ``index``, with its pipe and its output pipe."""
+def spawn_executor(index: int, fence: Fence | None = None) -> Spawned:
+    """Start executor process ``index``, with its pipe and its output pipe; under ``fence``,
+    it stops its job when the supervisor's heartbeats stop committing (worker/fence.py)."""
     context = multiprocessing.get_context("spawn")
     parent_conn, child_conn = context.Pipe(duplex=True)
     output, child_output = context.Pipe(duplex=False)
@@ -61,6 +67,8 @@ def spawn_executor(index: int) -> Spawned:
             _picklable_databases(),
             os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             stop_requested,
+            fence.terms() if fence is not None else None,
+            os.getpid(),
         ),
         name=f"django-jobs-executor-{index}",
         daemon=True,

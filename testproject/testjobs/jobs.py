@@ -265,6 +265,41 @@ def chatty(lines: int = 3, then: str = "return", line_bytes: int = 0, pause: flo
     return "said it all"
 
 
+@job(name="tests.flood", takes_context=True, max_attempts=1, timeout=300)
+def flood(
+    context: JobContext,
+    megabytes: int = 20,
+    records: int = 10_000,
+    progress_calls: int = 100_000,
+    result_bytes: int = 0,
+) -> dict:
+    """Everything a job can throw at its supervisor at once: a 64 KiB line of hex (a run of
+    word characters, the worst case of masking), ``megabytes`` MB of 1 KiB lines, ``records``
+    log records, ``progress_calls`` progress reports in a tight loop, and a result of
+    ``result_bytes`` characters."""
+    import logging
+
+    print("token=" + os.urandom(32 * 1024).hex())
+    line = "x" * 1023
+    for _ in range(megabytes * 1024):
+        print(line)
+    logger = logging.getLogger("testproject.flood")
+    for i in range(records):
+        logger.warning("record %d of the flood, password=hunter2", i)
+    for done in range(1, progress_calls + 1):
+        context.progress(done, progress_calls)
+    return {"blob": "y" * result_bytes}
+
+
+@job(name="tests.hold_gil", max_attempts=2)
+def hold_gil(length: int = 64) -> bool:
+    """Backtrack in the regex engine, which never releases the GIL: no other thread of the
+    process runs until it returns, which takes forever at the default length."""
+    import re
+
+    return re.match(r"(a+)+$", "a" * length + "b") is not None
+
+
 @job(name="tests.import_customer", concurrency_limit=2, max_attempts=1)
 def import_customer(customer: int, seconds: float = 0.0) -> int:
     """A job limited per key: at most 2 running per customer (concurrency_key) at once."""

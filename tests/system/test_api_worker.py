@@ -235,7 +235,9 @@ def test_an_api_worker_waits_out_an_api_outage_and_then_records_the_finish(
     start_api_worker: Callable[..., WorkerProcess], api_server: ApiServer
 ) -> None:
     job = sleep.using(max_attempts=1).enqueue(2)
-    worker = start_api_worker()
+    # A worker timeout the outage stays well within: the job is not stopped by its executor's
+    # fence (docs/reaping.md) and ends by itself while the API is away.
+    worker = start_api_worker(env={"JOBS_WORKER_TIMEOUT": "30"})
     try:
         wait_for(lambda: state_of(job) == "running", timeout=30)
         api_server.stop()

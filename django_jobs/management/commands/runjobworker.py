@@ -12,6 +12,7 @@ from django_jobs.exceptions import ApiRefused, InvalidOption
 from django_jobs.management.arguments import add_log_arguments, seconds, whole_number
 from django_jobs.management.errors import unnamed_queues, wait_for_tables
 from django_jobs.worker import http_queue
+from django_jobs.worker.background_log import BackgroundLog
 from django_jobs.worker.supervisor import Supervisor
 
 logger = logging.getLogger("django_jobs.worker")
@@ -188,6 +189,7 @@ class Command(BaseCommand):
             except ApiRefused as exc:
                 queue.close()
                 raise CommandError(f"the worker cannot start: {exc}") from None
-        code = supervisor.run()
+        with BackgroundLog():  # a blocked log output must not stop the loop
+            code = supervisor.run()
         if code:
             raise CommandError("worker stopped by a second signal", returncode=code)
