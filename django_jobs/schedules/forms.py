@@ -14,22 +14,10 @@ from django_jobs.exceptions import InvalidOption
 from django_jobs.models.schedule import Schedule
 from django_jobs.registry import registry
 from django_jobs.sanitize import MASK, is_sensitive, mask_value
-from django_jobs.schedules.declarations import validate_schedule
+from django_jobs.schedules.declarations import FIELDS, validate_schedule
 
 #: The fields a schedule declared in code takes from the code: read-only in the admin.
-CODE_OWNED = [
-    "name",
-    "task",
-    "cron",
-    "timezone",
-    "args",
-    "kwargs",
-    "queue",
-    "priority",
-    "catch_up",
-    "overlap",
-    "when_queue_paused",
-]
+CODE_OWNED = ["name", *FIELDS]
 
 #: The fields :func:`~django_jobs.schedules.declarations.validate_schedule` checks, each with the
 #: words by which its error message names it (in this order: "kwargs" before "args").

@@ -31,7 +31,7 @@ from django_jobs import conf, enqueue
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import JobsError
 from django_jobs.schedules import cron
-from django_jobs.schedules.declarations import job_task
+from django_jobs.schedules.declarations import FIELDS, job_task
 from django_jobs.store import db, job_inserts
 from django_jobs.store.sql import query
 
@@ -40,20 +40,8 @@ logger = logging.getLogger("django_jobs.schedules")
 ENQUEUED, OVERLAP, RUN_NOW = "enqueued", "skipped: previous run active", "run now"
 QUEUE_PAUSED = "skipped: queue paused"
 
-#: The fields an operator edits in the admin (:func:`edit`).
-EDITABLE = (
-    "name",
-    "task",
-    "cron",
-    "timezone",
-    "args",
-    "kwargs",
-    "queue",
-    "priority",
-    "catch_up",
-    "overlap",
-    "when_queue_paused",
-)
+#: The fields an operator edits in the admin (:func:`edit`): those code declares, and the name.
+EDITABLE = ("name", *FIELDS)
 
 #: Schedules one pass handles at most, so that a worker's loop stays responsive.
 PASS_LIMIT = 100
