@@ -400,3 +400,18 @@ def busy_queues(db: None) -> dict[str, Any]:
     )
     rows["retried"] = retried
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_without_a_connection(
+    request: pytest.FixtureRequest, django_db_blocker: Any
+) -> None:
+    """A unit test starts with no database connection left open by an earlier test of another
+    tier: code that closes old connections (an executor's, before a job) would otherwise touch
+    the database to ask whether that one is still usable."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        connections.close_all()
