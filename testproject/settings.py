@@ -125,6 +125,7 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_QUEUE_LIMITS", json.loads),
     ("JOBS_API_CONNECTIONS", int),
     ("JOBS_API_MAX_WAIT", float),
+    ("JOBS_API_BODY_TIMEOUT", float),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

@@ -27,7 +27,9 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
+from django_jobs import conf
 from django_jobs.api import protocol
+from django_jobs.api.protocol import ApiError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -51,46 +53,125 @@ def with_api(app: Application, prefix: str = "/jobs/api/") -> Application:
 
 
 async def serve(scope: Scope, receive: Receive, send: Send, path: str) -> None:
-    """Answer one request of the API."""
-    request, too_big = await _request(scope, receive)
-    # Once the body is read, the next message is the client hanging up: a long poll watches
-    # for it, so that it does not hand a job to nobody.
-    hangup = asyncio.ensure_future(receive())
+    """Answer one request of the API. Its token is checked from the headers before its body is
+    read; a ``Content-Length`` over the limit is refused at once (413), and a body that does not
+    arrive within ``JOBS_API_BODY_TIMEOUT`` seconds is refused then (408)."""
+    request = _request(scope)
+    body = _Body(request, receive)
+    request.read_body = body.read  # type: ignore[attr-defined]
+    request.client_gone = body.client_gone  # type: ignore[attr-defined]
+    try:
+        try:
+            body.check_length()
+            response = await _response(request, path)
+        except ApiError as error:
+            response = JsonResponse(error.body(), status=error.status)
+        await _send(request, body, response, send)
+    finally:
+        body.close()
 
-    def client_gone() -> bool:
-        if not hangup.done() or hangup.cancelled() or hangup.exception() is not None:
+
+async def _response(request: HttpRequest, path: str) -> HttpResponse:
+    try:
+        match = resolve("/" + path, urlconf=URLCONF)
+    except Resolver404:
+        return JsonResponse({"error": "no such endpoint", "field": None}, status=404)
+    response: HttpResponse = await match.func(request, **match.kwargs)
+    return response
+
+
+async def _send(request: HttpRequest, body: _Body, response: HttpResponse, send: Send) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    if not body.complete:
+        # Refused before its body was read (or while it came): what is left of it is not read.
+        headers.append((b"connection", b"close"))
+    undelivered = getattr(request, "undelivered", None)
+    if undelivered is not None:
+        # A claimed job: the last moment to learn that its worker hung up. Give the loop a few
+        # turns to deliver a hang-up the server has seen, to the watch of the client.
+        for _ in range(4):
+            await asyncio.sleep(0)
+    try:
+        for message in (
+            {"type": "http.response.start", "status": response.status_code, "headers": headers},
+            {"type": "http.response.body", "body": response.content},
+        ):
+            if undelivered is not None and body.client_gone():
+                # The server would drop the answer: nobody would run the job. Release it now
+                # (its attempt not counted) rather than leave it to the reaper.
+                await undelivered()
+                return
+            await send(message)
+    except Exception:  # a server that raises for a closed connection
+        if undelivered is not None:
+            await undelivered()
+        raise
+
+
+class _Body:
+    """A request's body, read when the view asks (after the token is checked), within a
+    deadline; then the watch for the client hanging up."""
+
+    def __init__(self, request: HttpRequest, receive: Receive) -> None:
+        self.request = request
+        self.receive = receive
+        self.limit = protocol.max_body_bytes()
+        self.complete = False
+        #: Once the body is read, the next message is the client hanging up: a long poll
+        #: watches for it, so that it does not hand a job to nobody.
+        self.hangup: asyncio.Future[Any] | None = None
+
+    def check_length(self) -> None:
+        raw = self.request.META.get("CONTENT_LENGTH")
+        if raw is None:
+            return
+        if not raw.strip().isascii() or not raw.strip().isdigit():
+            raise ApiError(400, "Content-Length is not a number of bytes")
+        if int(raw) > self.limit:
+            raise ApiError(413, f"the request body is over {self.limit} bytes")
+
+    async def read(self) -> None:
+        """Read the body into the request; a 413 or 408 :class:`ApiError` if it is over the
+        limit or late, a 400 if the client hung up before sending it all."""
+        timeout = conf.api_body_timeout()
+        chunks: list[bytes] = []
+        size, more = 0, True
+        try:
+            async with asyncio.timeout(timeout):
+                while more:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ApiError(400, "the client hung up before sending the whole body")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.limit:
+                        raise ApiError(413, f"the request body is over {self.limit} bytes")
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {timeout:g} s; send it at once"
+            ) from None
+        self.complete = True
+        self.request._body = b"".join(chunks)
+        self.hangup = asyncio.ensure_future(self.receive())
+
+    def client_gone(self) -> bool:
+        hangup = self.hangup
+        if hangup is None or not hangup.done() or hangup.cancelled():
+            return False
+        if hangup.exception() is not None:
             return False
         return bool(hangup.result().get("type") == "http.disconnect")
 
-    request.client_gone = client_gone  # type: ignore[attr-defined]
-    try:
-        await _answer(request, too_big, path, send)
-    finally:
-        hangup.cancel()
+    def close(self) -> None:
+        if self.hangup is not None:
+            self.hangup.cancel()
 
 
-async def _answer(request: HttpRequest, too_big: bool, path: str, send: Send) -> None:
-    if too_big:
-        response: HttpResponse = JsonResponse(
-            {"error": f"the request body is over {protocol.max_body_bytes()} bytes", "field": None},
-            status=400,
-        )
-    else:
-        try:
-            match = resolve("/" + path, urlconf=URLCONF)
-        except Resolver404:
-            response = JsonResponse({"error": "no such endpoint", "field": None}, status=404)
-        else:
-            response = await match.func(request, **match.kwargs)
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
-    headers.append((b"content-length", str(len(response.content)).encode()))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": response.content})
-
-
-async def _request(scope: Scope, receive: Receive) -> tuple[HttpRequest, bool]:
-    """The request as the views read it (method, headers, client, body); and whether its body
-    was over the limit (then not all of it is read)."""
+def _request(scope: Scope) -> HttpRequest:
+    """The request as the views read it (method, headers, client); its body is read later."""
     meta: dict[str, Any] = {
         "REQUEST_METHOD": scope.get("method", "GET"),
         "PATH_INFO": scope["path"],
@@ -103,21 +184,9 @@ async def _request(scope: Scope, receive: Receive) -> tuple[HttpRequest, bool]:
             meta[name] = value
         else:
             meta[f"HTTP_{name}"] = value
-    limit = protocol.max_body_bytes()
-    chunks, size, more = [], 0, True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            break
-        chunks.append(chunk)
-        more = message.get("more_body", False)
     request = HttpRequest()
     request.method = meta["REQUEST_METHOD"]
     request.path = request.path_info = scope["path"]
     request.META = meta
-    request._body = b"".join(chunks)
-    return request, size > limit
+    request._body = b""
+    return request

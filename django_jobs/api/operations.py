@@ -27,7 +27,7 @@ from django_jobs.exceptions import (
 )
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
-from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, job_reads
+from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, claiming, job_reads
 from django_jobs.tasks import Task
 
 
@@ -174,3 +174,10 @@ def spawn(lease: Lease, call: Call, held: Any) -> Any:
         raise ApiError(409, str(error), "lease") from None
     except (InvalidPayload, InvalidOption, DependencyError) as error:
         raise ApiError(400, str(error), option_field(str(error))) from None
+
+
+def ready_queues(queues: Sequence[str], any_queue: bool) -> set[str]:
+    """Which of ``queues`` have a ready job (``""``: any queue, when ``any_queue``): the hint
+    that wakes idle long polls (api/waiting.py)."""
+    with _cursor() as cursor:
+        return claiming.ready_queues(cursor, queues, any_queue)

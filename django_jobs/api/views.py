@@ -21,13 +21,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_jobs import conf
-from django_jobs.api import operations, protocol, thread_pool
+from django_jobs.api import authentication, operations, protocol, thread_pool
 from django_jobs.api.protocol import ApiError
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models.api_token import ALL_QUEUES
 from django_jobs.progress import BadProgress, Progress, checked
 from django_jobs.registry import registry
-from django_jobs.tokens.auth import Grant, cache
+from django_jobs.tokens.auth import Grant
 
 logger = logging.getLogger("django_jobs.api")
 
@@ -45,12 +45,18 @@ def endpoint(handler: Handler) -> Any:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
             grant = await _authenticate(request)
+            # Served by with_api, the body is read now, once the token is known to be good.
+            read_body = getattr(request, "read_body", None)
+            if read_body is not None:
+                await read_body()
             body = _body(request)
             status, data = await handler(request, grant, body, **kwargs)
         except ApiError as error:
             response: HttpResponse = JsonResponse(error.body(), status=error.status)
             if error.status == 401:
                 response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
+            for name, value in getattr(error, "headers", {}).items():
+                response[name] = value
             return response
         # psycopg's own errors too: with server-side binding, the store runs its statements on a
         # client-side psycopg cursor of the same connection, whose errors Django does not wrap.
@@ -67,17 +73,7 @@ def endpoint(handler: Handler) -> Any:
 
 
 async def _authenticate(request: HttpRequest) -> Grant:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "send Authorization: Bearer <token>")
-    grant = cache.peek(token.strip())
-    if grant is cache.MISS:
-        grant = await thread_pool.run(cache.lookup, token.strip())
-    if grant is None:
-        raise ApiError(401, "unknown or revoked token")
-    assert isinstance(grant, Grant)
-    return grant
+    return await authentication.authenticate(request, _client(request))
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -86,11 +82,11 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     except ValueError:
         length = 0
     if length > protocol.max_body_bytes():
-        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes")
+        raise ApiError(413, f"the request body is over {protocol.max_body_bytes()} bytes")
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes") from None
+        raise ApiError(413, f"the request body is over {protocol.max_body_bytes()} bytes") from None
     return protocol.parse_body(raw)
 
 
@@ -127,8 +123,8 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
         grant.worker_prefix + worker, _client(request), queues, name=worker, tasks=tasks
     )
     if wait <= 0:
-        job = await thread_pool.run(operations.claim, info, queues, skip)
-        return (204, None) if job is None else await _hand_out(request, job)
+        now = await thread_pool.run(operations.claim, info, queues, skip)
+        return (204, None) if now is None else await _hand_out(request, now)
     deadline = time.monotonic() + wait
     waiter = dispatcher.join(queues)
     passed_on: list[str] = []
@@ -137,16 +133,20 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
             if _gone(request):
                 return 204, None  # nobody to answer: claim nothing
             woken = dispatcher.take(waiter)
-            job = await thread_pool.run(operations.claim, info, queues, skip)
+            # A claim no thread has started by the deadline is not made: the wait ends on time
+            # however busy the pool is (wakes not claimed for are passed on as it leaves).
+            job = await thread_pool.run_before(deadline, operations.claim, info, queues, skip)
+            if isinstance(job, thread_pool.Late):
+                return 204, None
             if job is not None:
                 # Woken for work and found some: there may be more (one notification may
                 # stand for many jobs), so the next waiter looks too.
                 passed_on = [job.queue] if woken else []
                 return await _hand_out(request, job)
             remaining = deadline - time.monotonic()
-            if remaining <= 0 and not dispatcher.pending(waiter):
+            if remaining <= 0:
                 return 204, None
-            await waiter.wait(max(0.0, remaining))
+            await waiter.wait(remaining, getattr(request, "hangup", None))
     finally:
         dispatcher.leave(waiter, passed_on)
 
@@ -160,12 +160,18 @@ def _gone(request: HttpRequest) -> bool:
 async def _hand_out(request: HttpRequest, job: Any) -> Answer:
     """The answer of a claim that got ``job``; or, if the worker hung up while it waited (a
     long poll it gave up on, a worker stopped), the job released unused: no worker would ever
-    run or heartbeat it, and only the reaper would find it."""
-    if not _gone(request):
-        return 200, protocol.claimed(job)
+    run or heartbeat it, and only the reaper would find it. Served by ``with_api``, an answer
+    that cannot be sent (the client hangs up as it is) releases the job too."""
     reason = "its worker hung up before the claim's answer"
-    await thread_pool.run(operations.release, job.lease, reason)
-    return 204, None
+
+    async def undelivered() -> None:
+        await thread_pool.run(operations.release, job.lease, reason)
+
+    if _gone(request):
+        await undelivered()
+        return 204, None
+    request.undelivered = undelivered  # type: ignore[attr-defined]
+    return 200, protocol.claimed(job)
 
 
 # ---------------------------------------------------------------------- a claimed job

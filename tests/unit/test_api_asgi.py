@@ -11,7 +11,13 @@ from django_jobs.api import protocol
 from django_jobs.api.asgi import with_api
 
 
-def call(app: Any, path: str, body: bytes = b"{}", method: str = "POST") -> dict[str, Any]:
+def call(
+    app: Any,
+    path: str,
+    body: bytes = b"{}",
+    method: str = "POST",
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> dict[str, Any]:
     sent: list[dict[str, Any]] = []
     chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
 
@@ -24,10 +30,19 @@ def call(app: Any, path: str, body: bytes = b"{}", method: str = "POST") -> dict
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": [], "client": ("x", 1)}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": headers or [],
+        "client": ("x", 1),
+    }
     asyncio.run(app(scope, receive, send))
     start, content = sent[0], sent[1]["body"]
-    return {"status": start["status"], "body": json.loads(content) if content else None}
+    answer = {"status": start["status"], "body": json.loads(content) if content else None}
+    if (b"connection", b"close") in start["headers"]:
+        answer["closes"] = True
+    return answer
 
 
 async def project(scope: Any, receive: Any, send: Any) -> None:
@@ -40,15 +55,27 @@ def test_unknown_endpoints_get_a_json_404_and_other_paths_go_to_the_project() ->
     assert call(app, "/jobs/api/v1/nothing") == {
         "status": 404,
         "body": {"error": "no such endpoint", "field": None},
+        "closes": True,  # its body was not read
     }
     assert call(app, "/admin/")["status"] == 299
     assert call(app, "/jobs/apiary")["status"] == 299
 
 
-def test_a_body_over_the_limit_is_refused_before_a_view_reads_it() -> None:
+def test_a_content_length_over_the_limit_is_refused_at_once_and_the_connection_closed() -> None:
+    app = with_api(project)
+    length = str(protocol.max_body_bytes() + 1).encode()
+    answer = call(app, "/jobs/api/v1/claim", b"", headers=[(b"content-length", length)])
+    assert answer["status"] == 413 and "request body is over" in answer["body"]["error"]
+    assert answer["closes"]
+    answer = call(app, "/jobs/api/v1/claim", b"", headers=[(b"content-length", b"1e9")])
+    assert answer["status"] == 400 and "Content-Length" in answer["body"]["error"]
+
+
+def test_the_token_is_checked_before_the_body_is_read() -> None:
+    # No Content-Length (a chunked body), over the limit: refused for its token, unread.
     app = with_api(project)
     answer = call(app, "/jobs/api/v1/claim", b"x" * (protocol.max_body_bytes() + 1))
-    assert answer["status"] == 400 and "request body is over" in answer["body"]["error"]
+    assert answer["status"] == 401 and answer["closes"]
 
 
 def test_a_request_without_a_token_is_refused_by_the_view() -> None:
