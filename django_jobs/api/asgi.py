@@ -21,6 +21,7 @@ under WSGI, and names the views. The views are found with Django's URL resolver,
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -185,6 +186,7 @@ def _request(scope: Scope) -> HttpRequest:
         else:
             meta[f"HTTP_{name}"] = value
     request = HttpRequest()
+    request.arrived = time.monotonic()  # type: ignore[attr-defined]
     request.method = meta["REQUEST_METHOD"]
     request.path = request.path_info = scope["path"]
     request.META = meta

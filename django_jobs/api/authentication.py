@@ -29,7 +29,7 @@ from django.http import HttpRequest
 from django_jobs import conf
 from django_jobs.api import thread_pool
 from django_jobs.api.protocol import ApiError
-from django_jobs.tokens.auth import Fresh, Grant, Stale, cache
+from django_jobs.tokens.auth import CACHE_SECONDS, Fresh, Grant, Stale, cache
 
 logger = logging.getLogger("django_jobs.api")
 
@@ -127,8 +127,11 @@ class _Slots:
         self.unknown = asyncio.Semaphore(1)
         self.known = asyncio.Semaphore(1)
         self.queued = 0
-        #: Background reads of known tokens, by token.
-        self.refreshing: dict[str, asyncio.Future[Grant | None]] = {}
+        #: Reads of tokens under way (first reads, and background reads of known ones).
+        self.looking_up: dict[str, asyncio.Future[Grant | None]] = {}
+        self.refreshing: dict[str, tuple[float, asyncio.Future[Grant | None]]] = {}
+        #: When each token's last background read failed, if its last one did.
+        self.unreadable: dict[str, float] = {}
 
     def of_this_loop(self) -> _Slots:
         loop = asyncio.get_running_loop()
@@ -137,7 +140,9 @@ class _Slots:
             self.unknown = asyncio.Semaphore(lookup_slots())
             self.known = asyncio.Semaphore(lookup_slots())
             self.queued = 0
+            self.looking_up = {}
             self.refreshing = {}
+            self.unreadable = {}
         return self
 
 
@@ -171,22 +176,36 @@ async def authenticate(request: HttpRequest, client: str) -> Grant:
 
 
 async def _look_up(token: str) -> Grant | None:
+    """The first read of a token: one at a time per token (a fleet that starts at once reads its
+    token once), on the threads lookups of unknown tokens may hold."""
     slots = _slots.of_this_loop()
-    if slots.unknown.locked() and slots.queued >= MAX_QUEUED_LOOKUPS:
-        raise Busy()
-    slots.queued += 1
-    try:
-        await slots.unknown.acquire()
-    finally:
-        slots.queued -= 1
-    try:
-        return await thread_pool.run(cache.lookup, token)
-    finally:
-        slots.unknown.release()
+    running = slots.looking_up.get(token)
+    if running is None:
+        if slots.unknown.locked() and slots.queued >= MAX_QUEUED_LOOKUPS:
+            raise Busy()
+        running = asyncio.ensure_future(_look_up_now(slots, token))
+        running.add_done_callback(lambda done: done.cancelled() or done.exception())
+        slots.looking_up[token] = running
+    return await asyncio.shield(running)
 
 
-def _refresh(token: str) -> asyncio.Future[Grant | None]:
-    """The background read of a known token (one at a time per token)."""
+async def _look_up_now(slots: _Slots, token: str) -> Grant | None:
+    try:
+        slots.queued += 1
+        try:
+            await slots.unknown.acquire()
+        finally:
+            slots.queued -= 1
+        try:
+            return await thread_pool.run(cache.lookup, token)
+        finally:
+            slots.unknown.release()
+    finally:
+        slots.looking_up.pop(token, None)
+
+
+def _refresh(token: str) -> tuple[float, asyncio.Future[Grant | None]]:
+    """The background read of a known token (one at a time per token), and when it began."""
     slots = _slots.of_this_loop()
     running = slots.refreshing.get(token)
     if running is not None:
@@ -195,22 +214,31 @@ def _refresh(token: str) -> asyncio.Future[Grant | None]:
     async def read() -> Grant | None:
         try:
             async with slots.known:
-                return await thread_pool.run(cache.lookup, token)
+                grant = await thread_pool.run(cache.lookup, token)
+        except Exception:
+            slots.unreadable[token] = time.monotonic()
+            raise
         finally:
             slots.refreshing.pop(token, None)
+        slots.unreadable.pop(token, None)
+        return grant
 
     task = asyncio.ensure_future(read())
     # Its failure is seen by a request that waits for it, or by none: not an unhandled error.
     task.add_done_callback(lambda done: done.cancelled() or done.exception())
-    slots.refreshing[token] = task
-    return task
+    slots.refreshing[token] = (time.monotonic(), task)
+    return slots.refreshing[token]
 
 
 async def _read_again(token: str, grant: Grant) -> Grant:
-    """The token read again, if the table answers within :data:`STALE_WAIT`; ``grant``
-    otherwise (a read that fails waits no longer)."""
-    reading = _refresh(token)
-    done, _ = await asyncio.wait([reading], timeout=STALE_WAIT)
+    """The token read again, if the table answers within :data:`STALE_WAIT` of the read's start;
+    ``grant`` otherwise (a read that fails waits no longer)."""
+    began, reading = _refresh(token)
+    timeout = max(0.0, began + STALE_WAIT - time.monotonic())
+    slots = _slots.of_this_loop()
+    if time.monotonic() - slots.unreadable.get(token, float("-inf")) < CACHE_SECONDS:
+        timeout = 0.0  # its last read failed lately: no request waits for this one
+    done, _ = await asyncio.wait([reading], timeout=timeout)
     if done and not reading.cancelled() and reading.exception() is None:
         fresh = reading.result()
         if fresh is None:

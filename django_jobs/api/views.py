@@ -125,7 +125,9 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
     if wait <= 0:
         now = await thread_pool.run(operations.claim, info, queues, skip)
         return (204, None) if now is None else await _hand_out(request, now)
-    deadline = time.monotonic() + wait
+    # The wait counts from the request's arrival (served by with_api): a wait for a token's
+    # first read or a busy pool is part of it.
+    deadline = getattr(request, "arrived", time.monotonic()) + wait
     waiter = dispatcher.join(queues)
     passed_on: list[str] = []
     try:

@@ -7,7 +7,9 @@ import asyncio
 import json
 from typing import Any
 
-from django_jobs.api import protocol
+from django.http import JsonResponse
+
+from django_jobs.api import asgi, protocol
 from django_jobs.api.asgi import with_api
 
 
@@ -81,3 +83,38 @@ def test_the_token_is_checked_before_the_body_is_read() -> None:
 def test_a_request_without_a_token_is_refused_by_the_view() -> None:
     answer = call(with_api(project), "/jobs/api/v1/claim")
     assert answer["status"] == 401 and answer["body"]["field"] is None
+
+
+def test_a_claimed_job_whose_client_hung_up_as_it_was_answered_is_released_not_sent() -> None:
+    async def scenario() -> tuple[list[Any], list[str]]:
+        lost = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if not lost.is_set():
+                await lost.wait()  # as uvicorn's: woken when the connection is lost
+            return {"type": "http.disconnect"}
+
+        sent: list[Any] = []
+        released: list[str] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        request = asgi._request({"type": "http", "method": "POST", "path": "/", "headers": []})
+        body = asgi._Body(request, receive)
+        body.complete = True
+        body.hangup = asyncio.ensure_future(receive())
+        await asyncio.sleep(0)
+
+        async def undelivered() -> None:
+            released.append("released")
+
+        request.undelivered = undelivered  # type: ignore[attr-defined]
+        # The server has just seen the connection close: the watch learns it a turn later.
+        lost.set()
+        await asgi._send(request, body, JsonResponse({"job": 1}), send)
+        body.close()
+        return sent, released
+
+    sent, released = asyncio.run(scenario())
+    assert (sent, released) == ([], ["released"])
