@@ -101,7 +101,9 @@ class Api:
             reason = str(exc) or type(exc).__name__
             raise ApiUnreachable(f"API unreachable at {self.url}: {reason}") from exc
         self.broken = False
-        if status >= 500:
+        # 429: this address failed to authenticate too often lately (another client behind the
+        # same address, say): wait and try again, as in an outage.
+        if status >= 500 or status == 429:
             raise ApiUnreachable(f"API at {self.url} answered {status} to {path}: {_error(raw)}")
         if status < 300 or status in (404, 409):
             return status, _decoded(raw, status, path)

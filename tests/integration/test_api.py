@@ -19,7 +19,7 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_jobs.api import thread_pool
+from django_jobs.api import authentication, thread_pool
 from django_jobs.api.operations import registrations
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken, Attempt, Job, Worker
@@ -42,6 +42,7 @@ def api_pool() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def fresh_caches() -> Iterator[None]:
     auth.cache.forget()
+    authentication.failures.forget()
     registrations._at.clear()
     yield
 

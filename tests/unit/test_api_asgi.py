@@ -11,6 +11,7 @@ from django.http import JsonResponse
 
 from django_jobs.api import asgi, protocol
 from django_jobs.api.asgi import with_api
+from django_jobs.api.authentication import FAILURE_BURST, FailureLimit, failures
 
 
 def call(
@@ -118,3 +119,31 @@ def test_a_claimed_job_whose_client_hung_up_as_it_was_answered_is_released_not_s
 
     sent, released = asyncio.run(scenario())
     assert (sent, released) == ([], ["released"])
+
+
+def test_failed_authentications_are_limited_per_address() -> None:
+    limit = FailureLimit(burst=3, per_second=100.0)
+    for _ in range(3):
+        assert limit.retry_after("10.0.0.1") is None
+        limit.failed("10.0.0.1")
+    assert limit.retry_after("10.0.0.1") == 1  # refused until a failure is forgiven
+    assert limit.retry_after("10.0.0.2") is None  # another address is not
+    slow = FailureLimit(burst=1, per_second=0.1)
+    slow.failed("x")
+    assert slow.retry_after("x") == 10
+    few = FailureLimit(addresses=2)
+    for address in ("a", "b", "c"):
+        few.failed(address)
+    assert few.retry_after("a") is None and len(few._buckets) == 2
+
+
+def test_a_request_over_its_addresss_budget_is_answered_429_without_a_lookup() -> None:
+    app = with_api(project)
+    failures.forget()
+    try:
+        for _ in range(FAILURE_BURST):
+            assert call(app, "/jobs/api/v1/claim")["status"] == 401
+        answer = call(app, "/jobs/api/v1/claim")
+        assert answer["status"] == 429 and "too many requests" in answer["body"]["error"]
+    finally:
+        failures.forget()
