@@ -4,7 +4,8 @@ A token is ``djt_`` and 43 random URL-safe characters; ``manage.py createjobtoke
 once, and the table keeps its SHA-256 (a token is random and long, so a fast hash is enough:
 nothing is gained by a slow one). A process serving the API remembers a looked-up token for
 :data:`CACHE_SECONDS`, so that a claim does not read the token table; a revoked token is
-refused within that long.
+refused within that long. While the table cannot be read, a grant read within
+:data:`STALE_SECONDS` is used still (django_jobs/api/authentication.py decides when).
 """
 
 from __future__ import annotations
