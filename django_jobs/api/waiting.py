@@ -151,18 +151,21 @@ class Dispatcher:
 
     def ready(self, queues: Iterable[str]) -> None:
         """The answer of ``ready_queues``: wake one idle waiter for each queue that has a ready
-        job (``ANY``: one of those that wait on every queue), unless one serving it is woken
+        job (``ANY``: one of those that wait on every queue), unless one serving it was woken
         already (its claim, or the one it passes on, takes the job)."""
         with self._lock:
-            for queue in queues:
-                # The waiters of every queue are woken for ANY, those of a set for its queues.
-                serving = [
-                    w
-                    for w in self._waiters
-                    if (w.queues is None if queue == ANY else queue in (w.queues or ()))
-                ]
-                if serving and not any(w.wakes for w in serving):
-                    self._hand(serving[0], ANY if queue == ANY else queue)
+            claiming = [w for w in self._waiters if w.wakes]
+            for queue in sorted(queues):
+
+                def serves(w: Waiter, queue: str = queue) -> bool:
+                    # Those of every queue are woken for ANY, those of a set for its queues.
+                    return w.queues is None if queue == ANY else queue in (w.queues or ())
+
+                if any(serves(w) for w in claiming):
+                    continue
+                idle = next((w for w in self._waiters if not w.wakes and serves(w)), None)
+                if idle is not None:
+                    self._hand(idle, queue)
 
     def tick(self) -> None:
         """Wake one waiter of each distinct set of queues that has none woken already (what a

@@ -103,8 +103,10 @@ def test_a_tick_asks_about_the_idle_waiters_queues_and_wakes_one_per_ready_queue
         assert dispatcher.handed == 3
         dispatcher.ready({"q7", "shared"})  # woken already: their claims take the jobs
         assert dispatcher.handed == 3
+        dispatcher.ready({"q8"})
+        assert sets[8].wakes == ["q8"]
         queues, any_queue = dispatcher.wanted() or ([], False)
-        assert "q7" not in queues and "q0" not in queues and not any_queue
+        assert "q7" not in queues and "q8" not in queues and not any_queue
 
     run(scenario)
 
