@@ -157,6 +157,7 @@ class _Body:
         self.complete = True
         self.request._body = b"".join(chunks)
         self.hangup = asyncio.ensure_future(self.receive())
+        self.request.hangup = self.hangup  # type: ignore[attr-defined]
 
     def client_gone(self) -> bool:
         hangup = self.hangup
