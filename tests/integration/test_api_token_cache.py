@@ -3,12 +3,20 @@ a flood of made-up tokens never pushes out the fleet's grants."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
+from typing import Any
 
 import pytest
+from django.db import DatabaseError
+from django.http import HttpRequest
 
+from django_jobs.api import authentication, thread_pool
+from django_jobs.api.protocol import ApiError
 from django_jobs.tokens import auth
 from django_jobs.tokens.auth import Fresh, TokenCache
+from tests.conftest import connect
 
 pytestmark = pytest.mark.django_db
 
@@ -36,3 +44,45 @@ def test_made_up_tokens_push_out_made_up_tokens_never_the_grants_in_use() -> Non
     assert isinstance(cache.peek(used), Fresh)
     assert cache.peek(idle) is TokenCache.MISS
     assert all(isinstance(cache.peek(token), Fresh) for token in others)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_known_token_is_used_while_its_table_is_locked_and_refused_once_revoked(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    # Short clocks: a grant is old after 0.3 s, and a lock is waited on for 0.3 s.
+    monkeypatch.setattr(auth, "CACHE_SECONDS", 0.3)
+    monkeypatch.setattr(authentication, "CACHE_SECONDS", 0.3)
+    settings.JOBS_LOCK_TIMEOUT_MS = 300
+    auth.cache.forget()
+    authentication.failures.forget()
+    row, secret = auth.create("locked-out", ["*"])
+
+    def request(token: str) -> HttpRequest:
+        made = HttpRequest()
+        made.META = {"HTTP_AUTHORIZATION": f"Bearer {token}", "REMOTE_ADDR": "10.1.1.1"}
+        return made
+
+    async def scenario() -> None:
+        assert (await authentication.authenticate(request(secret), "10.1.1.1")).id == row.id
+        with connect() as locker:
+            locker.execute("BEGIN")
+            locker.execute("LOCK TABLE django_jobs_api_token IN ACCESS EXCLUSIVE MODE")
+            await asyncio.sleep(0.4)  # the grant is old now
+            started = time.monotonic()
+            grant = await authentication.authenticate(request(secret), "10.1.1.1")
+            assert grant.id == row.id and time.monotonic() - started < 1
+            with pytest.raises(DatabaseError):  # an unknown token cannot be read: 503
+                await authentication.authenticate(request("djt_" + "x" * 43), "10.1.1.1")
+            locker.execute("COMMIT")
+        await thread_pool.run(auth.revoke, [row.id])
+        await asyncio.sleep(0.4)
+        with pytest.raises(ApiError) as refused:
+            await authentication.authenticate(request(secret), "10.1.1.1")
+        assert refused.value.status == 401
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        thread_pool.shutdown()
+        auth.cache.forget()
