@@ -9,11 +9,13 @@ import time
 from typing import Any
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from django.http import HttpRequest
 
 from django_jobs.api import authentication, thread_pool
 from django_jobs.api.protocol import ApiError
+from django_jobs.store import claiming
+from django_jobs.store.sql import query
 from django_jobs.tokens import auth
 from django_jobs.tokens.auth import Fresh, TokenCache
 from tests.conftest import connect
@@ -86,3 +88,34 @@ def test_a_known_token_is_used_while_its_table_is_locked_and_refused_once_revoke
     finally:
         thread_pool.shutdown()
         auth.cache.forget()
+
+
+@pytest.mark.django_db
+def test_the_ticks_ready_check_reads_a_few_pages_a_queue_not_every_job() -> None:
+    # 20,000 finished jobs and 5,000 delayed ones on the queues asked about, and two ready.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_jobs_job (task, queue, state, finished_at)"
+            " SELECT 'tests.noop', 'q' || (n % 300), 'done', now()"
+            " FROM generate_series(1, 20000) AS n"
+        )
+        cursor.execute(
+            "INSERT INTO django_jobs_job (task, queue, state, run_after)"
+            " SELECT 'tests.noop', 'q' || (n % 300), 'pending', now() + interval '1 hour'"
+            " FROM generate_series(1, 5000) AS n"
+        )
+        cursor.execute(
+            "INSERT INTO django_jobs_job (task, queue, state) VALUES"
+            " ('tests.noop', 'q7', 'pending'), ('tests.noop', 'q300', 'pending')"
+        )
+        cursor.execute("ANALYZE django_jobs_job")
+        queues = [f"q{n}" for n in range(300)]
+        assert claiming.ready_queues(cursor, queues, False) == {"q7"}
+        assert claiming.ready_queues(cursor, queues, True) == {"q7", ""}
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("ready_queues"),
+            {"queues": queues, "any": True},
+        )
+        plan = cursor.fetchone()[0][0]["Plan"]
+    buffers = plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+    assert buffers < 2500, buffers  # index probes, not the 25,000 rows
