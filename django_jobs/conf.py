@@ -366,6 +366,13 @@ def api_connections() -> int:
     return max(1, int(_get("JOBS_API_CONNECTIONS", 4)))
 
 
+def api_body_timeout() -> float:
+    """``JOBS_API_BODY_TIMEOUT``: seconds a request served by ``with_api`` has to send its
+    whole body, once its headers and token are checked; then it is answered 408 and its
+    connection closed. Default 10."""
+    return float(_get("JOBS_API_BODY_TIMEOUT", 10.0))
+
+
 def api_max_wait() -> float:
     """``JOBS_API_MAX_WAIT``: the longest ``wait`` of a claim over the HTTP API, in seconds.
     Default 30; keep it under the proxy's and the ASGI server's request timeouts."""

@@ -130,6 +130,7 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_API_MAX_WAIT", float),
     ("JOBS_READ_DATABASE", str),
     ("JOBS_READ_CONNECT_TIMEOUT", int),
+    ("JOBS_API_BODY_TIMEOUT", float),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

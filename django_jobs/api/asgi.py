@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
+from django_jobs import conf
 from django_jobs.api import protocol, views
+from django_jobs.api.protocol import ApiError
 
 logger = logging.getLogger("django_jobs.api")
 Scope = MutableMapping[str, Any]
@@ -64,50 +67,130 @@ def _raw_path(scope: Scope) -> str:
 
 
 async def serve(scope: Scope, receive: Receive, send: Send, path: str) -> None:
-    """Answer one request of the API (``path``: the raw path below the API's prefix)."""
-    request, refused = await _request(scope, receive)
-    # Once the body is read, the next message is the client hanging up: a long poll watches
-    # for it, so that it does not hand a job to nobody.
-    hangup = asyncio.ensure_future(receive())
+    """Answer one request of the API. Its token is checked from the headers before its body is
+    read; a ``Content-Length`` over the limit is refused at once (413), and a body that does not
+    arrive within ``JOBS_API_BODY_TIMEOUT`` seconds is refused then (408)."""
+    request = _request(scope)
+    body = _Body(request, receive)
+    request.read_body = body.read  # type: ignore[attr-defined]
+    request.client_gone = body.client_gone  # type: ignore[attr-defined]
+    try:
+        try:
+            body.check_length()
+            response = await _response(request, path)
+        except ApiError as error:
+            response = JsonResponse(error.body(), status=error.status)
+        await _send(request, body, response, send)
+    finally:
+        body.close()
 
-    def client_gone() -> bool:
-        if not hangup.done() or hangup.cancelled() or hangup.exception() is not None:
+
+async def _response(request: HttpRequest, path: str) -> HttpResponse:
+    try:
+        match = resolve("/" + path, urlconf=URLCONF)
+    except Resolver404:
+        return JsonResponse({"error": "no such endpoint", "field": None}, status=404)
+    try:
+        response: HttpResponse = await match.func(request, **match.kwargs)
+    except Exception:  # the views answer their own errors: this is a bug
+        logger.exception("API request %s failed", request.path)
+        return views.internal_error()
+    return response
+
+
+async def _send(request: HttpRequest, body: _Body, response: HttpResponse, send: Send) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    if not body.complete:
+        # Refused before its body was read (or while it came): what is left of it is not read.
+        headers.append((b"connection", b"close"))
+    undelivered = getattr(request, "undelivered", None)
+    if undelivered is not None:
+        # A claimed job: the last moment to learn that its worker hung up. Give the loop a few
+        # turns to deliver a hang-up the server has seen, to the watch of the client.
+        for _ in range(4):
+            await asyncio.sleep(0)
+    try:
+        for message in (
+            {"type": "http.response.start", "status": response.status_code, "headers": headers},
+            {"type": "http.response.body", "body": response.content},
+        ):
+            if undelivered is not None and body.client_gone():
+                # The server would drop the answer: nobody would run the job. Release it now
+                # (its attempt not counted) rather than leave it to the reaper.
+                await undelivered()
+                return
+            await send(message)
+    except Exception:  # a server that raises for a closed connection
+        if undelivered is not None:
+            await undelivered()
+        raise
+
+
+class _Body:
+    """A request's body, read when the view asks (after the token is checked), within a
+    deadline; then the watch for the client hanging up."""
+
+    def __init__(self, request: HttpRequest, receive: Receive) -> None:
+        self.request = request
+        self.receive = receive
+        self.limit = protocol.max_body_bytes()
+        self.complete = False
+        #: Once the body is read, the next message is the client hanging up: a long poll
+        #: watches for it, so that it does not hand a job to nobody.
+        self.hangup: asyncio.Future[Any] | None = None
+
+    def check_length(self) -> None:
+        raw = self.request.META.get("CONTENT_LENGTH")
+        if raw is None:
+            return
+        if not raw.strip().isascii() or not raw.strip().isdigit():
+            raise ApiError(400, "Content-Length is not a number of bytes")
+        if int(raw) > self.limit:
+            raise ApiError(413, f"the request body is over {self.limit} bytes")
+
+    async def read(self) -> None:
+        """Read the body into the request; a 413 or 408 :class:`ApiError` if it is over the
+        limit or late, a 400 if the client hung up before sending it all."""
+        timeout = conf.api_body_timeout()
+        chunks: list[bytes] = []
+        size, more = 0, True
+        try:
+            async with asyncio.timeout(timeout):
+                while more:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ApiError(400, "the client hung up before sending the whole body")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.limit:
+                        raise ApiError(413, f"the request body is over {self.limit} bytes")
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {timeout:g} s; send it at once"
+            ) from None
+        self.complete = True
+        self.request._body = b"".join(chunks)
+        self.hangup = asyncio.ensure_future(self.receive())
+        self.request.hangup = self.hangup  # type: ignore[attr-defined]
+
+    def client_gone(self) -> bool:
+        hangup = self.hangup
+        if hangup is None or not hangup.done() or hangup.cancelled():
+            return False
+        if hangup.exception() is not None:
             return False
         return bool(hangup.result().get("type") == "http.disconnect")
 
-    request.client_gone = client_gone  # type: ignore[attr-defined]
-    try:
-        await _answer(request, refused, path, send)
-    finally:
-        hangup.cancel()
+    def close(self) -> None:
+        if self.hangup is not None:
+            self.hangup.cancel()
 
 
-async def _answer(
-    request: HttpRequest, refused: protocol.ApiError | None, path: str, send: Send
-) -> None:
-    if refused is not None:
-        response: HttpResponse = JsonResponse(refused.body(), status=refused.status)
-    else:
-        try:
-            match = resolve("/" + path, urlconf=URLCONF)
-        except Resolver404:
-            response = JsonResponse({"error": "no such endpoint", "field": None}, status=404)
-        else:
-            try:
-                response = await match.func(request, **match.kwargs)
-            except Exception:  # the views answer their own errors: this is a bug
-                logger.exception("API request %s failed", request.path)
-                response = views.internal_error()
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
-    headers.append((b"content-length", str(len(response.content)).encode()))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": response.content})
-
-
-async def _request(scope: Scope, receive: Receive) -> tuple[HttpRequest, protocol.ApiError | None]:
-    """The request as the views read it (method, headers, client, body); and why it is refused
-    before any view sees it: a body over the limit (then not all of it is read), or one that
-    was cut off (the client hung up before its end)."""
+def _request(scope: Scope) -> HttpRequest:
+    """The request as the views read it (method, headers, client); its body is read later."""
     meta: dict[str, Any] = {
         "REQUEST_METHOD": scope.get("method", "GET"),
         "PATH_INFO": scope["path"],
@@ -120,27 +203,10 @@ async def _request(scope: Scope, receive: Receive) -> tuple[HttpRequest, protoco
         # A repeated header is joined with commas, as Django's own handler does: a second
         # Authorization header does not replace the first (the views refuse the pair).
         meta[key] = f"{meta[key]},{value}" if key in meta else value
-    limit = protocol.max_body_bytes()
-    chunks, size, more, cut_off = [], 0, True, False
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            cut_off = True
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            break
-        chunks.append(chunk)
-        more = message.get("more_body", False)
     request = HttpRequest()
+    request.arrived = time.monotonic()  # type: ignore[attr-defined]
     request.method = meta["REQUEST_METHOD"]
     request.path = request.path_info = scope["path"]
     request.META = meta
-    request._body = b"".join(chunks)
-    if size > limit:
-        too_big = f"the request body is over {protocol.max_body_bytes()} bytes"
-        return request, protocol.ApiError(400, too_big)
-    if cut_off:
-        return request, protocol.ApiError(400, "the request body was cut off: it is not run")
-    return request, None
+    request._body = b""
+    return request

@@ -32,7 +32,7 @@ from django_jobs.progress import Progress
 from django_jobs.registry import registry
 from django_jobs.sanitize import mask_text
 from django_jobs.storable import storable_text
-from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, job_reads
+from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, claiming, job_reads
 from django_jobs.tasks import Task
 from django_jobs.tokens.auth import Grant
 
@@ -228,3 +228,10 @@ def spawn(lease: Lease, call: Call, grant: Grant) -> Any:
         raise lease_lost() from None
     except (InvalidPayload, InvalidOption, DependencyError) as error:
         raise ApiError(400, str(error), option_field(str(error))) from None
+
+
+def ready_queues(queues: Sequence[str], any_queue: bool) -> set[str]:
+    """Which of ``queues`` have a ready job (``""``: any queue, when ``any_queue``): the hint
+    that wakes idle long polls (api/waiting.py)."""
+    with _cursor() as cursor:
+        return claiming.ready_queues(cursor, queues, any_queue)

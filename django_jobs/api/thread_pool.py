@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -54,6 +55,32 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, run in a thread of the pool, with its connection."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor(), _guarded, functools.partial(fn, *args, **kwargs))
+
+
+def submit(fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+    """``fn(*args)`` in a thread of the pool, from outside an event loop."""
+    return executor().submit(_guarded, functools.partial(fn, *args))
+
+
+class Late:
+    """What :func:`run_before` returns when the statement had not started by its deadline."""
+
+
+LATE = Late()
+
+
+async def run_before(deadline: float, fn: Callable[..., T], *args: Any) -> T | Late:
+    """``fn(*args)`` as :func:`run` runs it, unless no thread has started it by ``deadline``
+    (``time.monotonic()``): then it never runs, and :data:`LATE` is returned at the deadline. One
+    that has started is waited for (its statement is bounded): a claim that ran is never lost."""
+    started = executor().submit(_guarded, functools.partial(fn, *args))
+    result = asyncio.wrap_future(started)
+    try:
+        return await asyncio.wait_for(asyncio.shield(result), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        if started.cancel():
+            return LATE
+        return await result
 
 
 def shutdown() -> None:

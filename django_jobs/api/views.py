@@ -21,12 +21,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_jobs import conf
-from django_jobs.api import operations, protocol, thread_pool
+from django_jobs.api import authentication, operations, protocol, thread_pool
 from django_jobs.api.protocol import ApiError
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models.api_token import ALL_QUEUES
 from django_jobs.registry import registry
-from django_jobs.tokens.auth import Grant, cache
+from django_jobs.tokens.auth import Grant
 
 logger = logging.getLogger("django_jobs.api")
 
@@ -58,6 +58,10 @@ def endpoint(handler: Handler) -> Any:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
             grant = await _authenticate(request)
+            # Served by with_api, the body is read now, once the token is known to be good.
+            read_body = getattr(request, "read_body", None)
+            if read_body is not None:
+                await read_body()
             body = _body(request)
             status, data = await handler(request, grant, body, **kwargs)
         except ApiError as error:
@@ -87,6 +91,8 @@ def error_response(error: ApiError) -> HttpResponse:
     response = JsonResponse(error.body(), status=error.status)
     if error.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="django-jobs"'
+    for name, value in getattr(error, "headers", {}).items():  # Retry-After of a 429 or a 503
+        response[name] = value
     return response
 
 
@@ -121,16 +127,8 @@ async def _authenticate(request: HttpRequest) -> Grant:
     header = request.headers.get("Authorization", "")
     if "," in header:  # servers join repeated headers with commas; no token has one
         raise ApiError(400, "send one Authorization header", "Authorization")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "send Authorization: Bearer <token>")
-    grant = cache.peek(token.strip())
-    if grant is cache.MISS:
-        grant = await thread_pool.run(cache.lookup, token.strip())
-    if grant is None:
-        raise ApiError(401, "unknown or revoked token")
-    assert isinstance(grant, Grant)
-    refusal = grant.refusal()
+    grant = await authentication.authenticate(request, _client(request))
+    refusal = grant.refusal()  # expired, or its user deactivated: known from the grant
     if refusal is not None:
         raise ApiError(401, refusal)
     return grant
@@ -142,11 +140,11 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     except ValueError:
         length = 0
     if length > protocol.max_body_bytes():
-        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes")
+        raise ApiError(413, f"the request body is over {protocol.max_body_bytes()} bytes")
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise ApiError(400, f"the request body is over {protocol.max_body_bytes()} bytes") from None
+        raise ApiError(413, f"the request body is over {protocol.max_body_bytes()} bytes") from None
     if len(raw) < length:
         # The client hung up mid-body: what came may still parse, but it is not the request.
         raise ApiError(400, f"the request body was cut off: {len(raw)} of {length} bytes came")
@@ -186,9 +184,11 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
         grant.worker_prefix + worker, _client(request), queues, name=worker, tasks=tasks
     )
     if wait <= 0:
-        job = await thread_pool.run(operations.claim, info, queues, skip)
-        return (204, None) if job is None else await _hand_out(request, job)
-    deadline = time.monotonic() + wait
+        now = await thread_pool.run(operations.claim, info, queues, skip)
+        return (204, None) if now is None else await _hand_out(request, now)
+    # The wait counts from the request's arrival (served by with_api): a wait for a token's
+    # first read or a busy pool is part of it.
+    deadline = getattr(request, "arrived", time.monotonic()) + wait
     waiter = dispatcher.join(queues)
     passed_on: list[str] = []
     try:
@@ -196,16 +196,20 @@ async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Ans
             if _gone(request):
                 return 204, None  # nobody to answer: claim nothing
             woken = dispatcher.take(waiter)
-            job = await thread_pool.run(operations.claim, info, queues, skip)
+            # A claim no thread has started by the deadline is not made: the wait ends on time
+            # however busy the pool is (wakes not claimed for are passed on as it leaves).
+            job = await thread_pool.run_before(deadline, operations.claim, info, queues, skip)
+            if isinstance(job, thread_pool.Late):
+                return 204, None
             if job is not None:
                 # Woken for work and found some: there may be more (one notification may
                 # stand for many jobs), so the next waiter looks too.
                 passed_on = [job.queue] if woken else []
                 return await _hand_out(request, job)
             remaining = deadline - time.monotonic()
-            if remaining <= 0 and not dispatcher.pending(waiter):
+            if remaining <= 0:
                 return 204, None
-            await waiter.wait(max(0.0, remaining))
+            await waiter.wait(remaining, getattr(request, "hangup", None))
     finally:
         dispatcher.leave(waiter, passed_on)
 
@@ -219,9 +223,10 @@ def _gone(request: HttpRequest) -> bool:
 async def _hand_out(request: HttpRequest, job: Any) -> Answer:
     """The answer of a claim that got ``job``; or, if the worker hung up while it waited (a
     long poll it gave up on, a worker stopped), the job released unused: no worker would ever
-    run or heartbeat it, and only the reaper would find it. The token is checked again first:
-    one revoked (or expired) while its claim waited gets no job, which it could neither
-    heartbeat nor finish."""
+    run or heartbeat it, and only the reaper would find it. Served by ``with_api``, an answer
+    that cannot be sent (the client hangs up as it is) releases the job too. The token is checked
+    again first: one revoked (or expired) while its claim waited gets no job, which it could
+    neither heartbeat nor finish."""
     try:
         await _authenticate(request)
     except Exception:
@@ -232,11 +237,16 @@ async def _hand_out(request: HttpRequest, job: Any) -> Answer:
         except (DatabaseError, psycopg.Error) as error:
             logger.warning("job %s: not released (%s); the reaper will", job.id, error)
         raise
-    if not _gone(request):
-        return 200, protocol.claimed(job)
     reason = "its worker hung up before the claim's answer"
-    await thread_pool.run(operations.release, job.lease, reason)
-    return 204, None
+
+    async def undelivered() -> None:
+        await thread_pool.run(operations.release, job.lease, reason)
+
+    if _gone(request):
+        await undelivered()
+        return 204, None
+    request.undelivered = undelivered  # type: ignore[attr-defined]
+    return 200, protocol.claimed(job)
 
 
 # ---------------------------------------------------------------------- a claimed job

@@ -13,10 +13,13 @@ What keeps a wake-up from being lost:
 - a woken waiter that got a job passes one wake on (a notification is sent once per
   enqueueing transaction, which may have enqueued many jobs): the chain ends with the first
   claim that finds nothing. Wakes it was handed while claiming are passed on too;
-- every ``JOBS_POLL_INTERVAL`` the dispatcher wakes one waiter of each distinct set of queues,
-  for the work no notification announces: a retry's delay or a ``run_after`` that has come, a
-  queue resumed, a concurrency slot freed. While the LISTEN connection is down, these ticks are
-  the polling that finds every job.
+- every ``JOBS_POLL_INTERVAL`` the dispatcher asks, in one statement for all its idle waiters
+  (``ready_queues``), which of the queues they wait on have a ready job, and wakes one idle
+  waiter for each such queue: the work no notification announces (a retry's delay or a
+  ``run_after`` that has come, a queue resumed, a concurrency slot freed) is found, and idle
+  waiters cost one statement a tick, however many sets of queues they wait on. While the LISTEN
+  connection is down, these ticks are the polling that finds every job. If that statement
+  fails, the tick wakes one waiter of each distinct set of queues instead, which claims.
 
 A notification is only a hint: a woken waiter claims with the same fenced statement as any
 worker, and a claim that finds nothing just waits again.
@@ -25,6 +28,7 @@ worker, and a claim that finds nothing just waits again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import select
@@ -36,7 +40,8 @@ from typing import Any
 import psycopg
 
 from django_jobs import conf
-from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, first_line
+from django_jobs.api import operations, thread_pool
+from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP, Backoff, Complaints, first_line
 from django_jobs.store.connection import connection_params
 from django_jobs.store.sql import query
 
@@ -59,10 +64,16 @@ class Waiter:
     def serves(self, queue: str) -> bool:
         return queue == ANY or self.queues is None or queue in self.queues
 
-    async def wait(self, timeout: float) -> None:
-        """Until woken, or ``timeout`` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.event.wait(), timeout)
+    async def wait(self, timeout: float, hangup: asyncio.Future[Any] | None = None) -> None:
+        """Until woken, or ``timeout`` seconds, or ``hangup`` (the client hung up) is done."""
+        woken = asyncio.ensure_future(self.event.wait())
+        watched: set[asyncio.Future[Any]] = {woken}
+        if hangup is not None:
+            watched.add(hangup)
+        try:
+            await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
 
 
 class Dispatcher:
@@ -80,6 +91,7 @@ class Dispatcher:
         #: Wakes handed out, and notifications read (for tests and the benchmark).
         self.handed = 0
         self.notifications = 0
+        self.complaints = Complaints()
 
     # ------------------------------------------------------------------ requests' side
 
@@ -120,8 +132,44 @@ class Dispatcher:
             self.notifications += 1
             self._wake_one(queue)
 
+    def wanted(self) -> tuple[list[str], bool] | None:
+        """What a tick asks ``ready_queues`` about: the queues the idle waiters (those not
+        woken already) wait on, and whether one of them waits on every queue; None when no
+        waiter is idle."""
+        with self._lock:
+            queues: set[str] = set()
+            any_queue = idle = False
+            for waiter in self._waiters:
+                if waiter.wakes:
+                    continue
+                idle = True
+                if waiter.queues is None:
+                    any_queue = True
+                else:
+                    queues.update(waiter.queues)
+        return (sorted(queues), any_queue) if idle else None
+
+    def ready(self, queues: Iterable[str]) -> None:
+        """The answer of ``ready_queues``: wake one idle waiter for each queue that has a ready
+        job (``ANY``: one of those that wait on every queue), unless one serving it was woken
+        already (its claim, or the one it passes on, takes the job)."""
+        with self._lock:
+            claiming = [w for w in self._waiters if w.wakes]
+            for queue in sorted(queues):
+
+                def serves(w: Waiter, queue: str = queue) -> bool:
+                    # Those of every queue are woken for ANY, those of a set for its queues.
+                    return w.queues is None if queue == ANY else queue in (w.queues or ())
+
+                if any(serves(w) for w in claiming):
+                    continue
+                idle = next((w for w in self._waiters if not w.wakes and serves(w)), None)
+                if idle is not None:
+                    self._hand(idle, queue)
+
     def tick(self) -> None:
-        """Wake one waiter of each distinct set of queues that has none woken already."""
+        """Wake one waiter of each distinct set of queues that has none woken already (what a
+        tick does when ``ready_queues`` cannot be asked)."""
         with self._lock:
             groups: dict[frozenset[str] | None, Waiter] = {}
             woken: set[frozenset[str] | None] = set()
@@ -181,6 +229,7 @@ class Dispatcher:
         listener = Listener()
         interval = conf.poll_interval()
         next_tick = time.monotonic() + interval
+        checking: concurrent.futures.Future[set[str]] | None = None
         try:
             while not self._stop.is_set():
                 listener.ensure()
@@ -190,10 +239,35 @@ class Dispatcher:
                     self.notify(queue)
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + interval
-                    self.tick()
+                    if checking is None or checking.done():
+                        checking = self._check()
         finally:
             listener.close()
             self.listening = False
+
+    def _check(self) -> concurrent.futures.Future[set[str]] | None:
+        """Ask ``ready_queues`` in a thread of the API's pool (with the store's bounded waits)
+        for this tick's idle waiters; their wakes come with its answer."""
+        wanted = self.wanted()
+        if wanted is None:
+            return None
+        checking = thread_pool.submit(operations.ready_queues, *wanted)
+
+        def answered(done: concurrent.futures.Future[set[str]]) -> None:
+            try:
+                found = done.result()
+            except Exception as exc:
+                if self.complaints.due(exc) is not None:
+                    logger.warning(
+                        "API long polls: the ready check failed (%s); each set of queues claims",
+                        first_line(exc) or type(exc).__name__,
+                    )
+                self.tick()
+                return
+            self.ready(found)
+
+        checking.add_done_callback(answered)
+        return checking
 
 
 class Listener:

@@ -172,3 +172,10 @@ def claim_params(
         "queues": list(queues) if queues else None,
         "skip_tasks": list(skip_tasks) if skip_tasks else None,
     }
+
+
+def ready_queues(cursor: Cursor, queues: Sequence[str], any_queue: bool) -> set[str]:
+    """Those of ``queues`` that have a ready job (paused ones left out), and ``""`` when
+    ``any_queue`` and any queue has one: the hint the HTTP API's idle long polls are woken on."""
+    params = {"queues": list(queues), "any": any_queue}
+    return {row[0] for row in db.execute(cursor, query("ready_queues"), params).fetchall()}

@@ -4,7 +4,8 @@ A token is ``djt_`` and 43 random URL-safe characters; ``manage.py createjobtoke
 once, and the table keeps its SHA-256 (a token is random and long, so a fast hash is enough:
 nothing is gained by a slow one). A process serving the API remembers a looked-up token for
 :data:`CACHE_SECONDS`, so that a claim does not read the token table; a revoked token is
-refused within that long.
+refused within that long. While the table cannot be read, a grant read within
+:data:`STALE_SECONDS` is used still (django_jobs/api/authentication.py decides when).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
@@ -35,6 +37,11 @@ logger = logging.getLogger("django_jobs.api")
 PREFIX = "djt_"
 #: Seconds a process serving the API trusts what it read of a token.
 CACHE_SECONDS = 10.0
+#: Seconds a grant read earlier is still used while the token table cannot be read (a lock held
+#: on it, an outage): a revocation cannot commit then either.
+STALE_SECONDS = 60.0
+#: Grants kept, and refusals kept, each (the least recently used go first).
+CACHE_ENTRIES = 10_000
 #: How often a token's last_used_at is written, at most.
 USE_STAMP_SECONDS = 60.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -176,49 +183,89 @@ def create(
     return row, secret
 
 
-class TokenCache:
-    """Tokens looked up by hash, remembered for :data:`CACHE_SECONDS` (refusals too)."""
+class Fresh(NamedTuple):
+    """A grant read within :data:`CACHE_SECONDS`; ``refresh`` when it is due to be read again
+    (past half of that, or its use due to be stamped): the request goes on with it meanwhile."""
 
-    def __init__(self) -> None:
+    grant: Grant
+    refresh: bool
+
+
+class Stale(NamedTuple):
+    """A grant last read between :data:`CACHE_SECONDS` and :data:`STALE_SECONDS` ago: it may be
+    used only while the token table cannot answer (a migration's lock, an outage)."""
+
+    grant: Grant
+
+
+class TokenCache:
+    """Tokens looked up by hash, remembered for :data:`CACHE_SECONDS` (refusals too).
+
+    Grants and refusals are kept apart, each the :data:`CACHE_ENTRIES` used last (least
+    recently used first out): a flood of made-up tokens pushes out other made-up tokens, never
+    the grants of the fleet's tokens."""
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, Grant | None]] = {}
+        self._grants: OrderedDict[str, tuple[float, Grant]] = OrderedDict()
+        self._refused: OrderedDict[str, float] = OrderedDict()
         self._stamped: dict[int, float] = {}
 
     #: What :meth:`peek` returns for a token it has not seen lately.
     MISS: object = object()
 
-    def peek(self, token: str) -> Grant | object | None:
-        """The cached grant of ``token`` (None: refused), or :attr:`MISS`; reads nothing. A
-        grant whose use is due to be stamped is a miss, so that the stamp is written in the
-        pool."""
-        now = time.monotonic()
-        with self._lock:
-            cached = self._seen.get(digest(token))
-            if cached is None or now - cached[0] >= CACHE_SECONDS:
-                return self.MISS
-            grant = cached[1]
-            if grant is not None and now - self._stamped.get(grant.id, -1e18) >= USE_STAMP_SECONDS:
-                return self.MISS
-            return grant
-
-    def lookup(self, token: str) -> Grant | None:
-        """The grant of ``token``, or None for an unknown or revoked one. Reads the database
-        (call it where that is allowed: a thread of the API's pool)."""
+    def peek(self, token: str) -> Fresh | Stale | object | None:
+        """What is known of ``token`` without reading the database: :class:`Fresh`,
+        :class:`Stale`, None (refused lately), or :attr:`MISS`."""
         key = digest(token)
         now = time.monotonic()
         with self._lock:
-            cached = self._seen.get(key)
-        if cached is not None and now - cached[0] < CACHE_SECONDS:
-            grant = cached[1]
-        else:
-            grant = self._read(key)
-            with self._lock:
-                if len(self._seen) > 10_000:
-                    self._seen.clear()
-                self._seen[key] = (now, grant)
+            cached = self._grants.get(key)
+            if cached is not None:
+                self._grants.move_to_end(key)
+                read_at, grant = cached
+                age = now - read_at
+                if age < CACHE_SECONDS:
+                    stamp_due = now - self._stamped.get(grant.id, -1e18) >= USE_STAMP_SECONDS
+                    return Fresh(grant, stamp_due or age >= CACHE_SECONDS / 2)
+                if age < STALE_SECONDS:
+                    return Stale(grant)
+                return self.MISS
+            refused_at = self._refused.get(key)
+            if refused_at is not None and now - refused_at < CACHE_SECONDS:
+                self._refused.move_to_end(key)
+                return None
+            return self.MISS
+
+    def lookup(self, token: str) -> Grant | None:
+        """The grant of ``token``, read from the database now, or None for an unknown or
+        revoked one; its use is stamped when due. Call it where reading is allowed: a thread of
+        the API's pool."""
+        key = digest(token)
+        grant = self._read(key)
+        now = time.monotonic()
+        with self._lock:
+            if grant is None:
+                self._grants.pop(key, None)
+                self._remember(self._refused, key, now)
+            else:
+                self._refused.pop(key, None)
+                self._remember(self._grants, key, (now, grant))
         if grant is not None:
             self._stamp(grant, now)
         return grant
+
+    def _remember(self, entries: OrderedDict[str, Any], key: str, value: Any) -> None:
+        entries[key] = value
+        entries.move_to_end(key)
+        while len(entries) > self.entries:
+            entries.popitem(last=False)
+
+    def size(self) -> tuple[int, int]:
+        """How many grants and refusals are kept (for tests)."""
+        with self._lock:
+            return len(self._grants), len(self._refused)
 
     def _read(self, key: str) -> Grant | None:
         with connections[conf.database_alias()].cursor() as cursor:
@@ -258,7 +305,8 @@ class TokenCache:
 
     def forget(self) -> None:
         with self._lock:
-            self._seen.clear()
+            self._grants.clear()
+            self._refused.clear()
             self._stamped.clear()
 
 

@@ -88,6 +88,29 @@ def test_a_tick_wakes_one_idle_waiter_per_set_of_queues() -> None:
     run(scenario)
 
 
+def test_a_tick_asks_about_the_idle_waiters_queues_and_wakes_one_per_ready_queue() -> None:
+    async def scenario() -> None:
+        dispatcher = Dispatcher(listen=False)
+        assert dispatcher.wanted() is None
+        sets = [dispatcher.join([f"q{i}", "shared"]) for i in range(300)]
+        every = dispatcher.join(None)
+        queues, any_queue = dispatcher.wanted() or ([], False)
+        assert len(queues) == 301 and "shared" in queues and any_queue
+        dispatcher.ready(set())  # nothing is ready: nobody is woken
+        assert dispatcher.handed == 0
+        dispatcher.ready({"q7", "shared", ANY})
+        assert sets[7].wakes == ["q7"] and sets[0].wakes == ["shared"] and every.wakes == [ANY]
+        assert dispatcher.handed == 3
+        dispatcher.ready({"q7", "shared"})  # woken already: their claims take the jobs
+        assert dispatcher.handed == 3
+        dispatcher.ready({"q8"})
+        assert sets[8].wakes == ["q8"]
+        queues, any_queue = dispatcher.wanted() or ([], False)
+        assert "q7" not in queues and "q8" not in queues and not any_queue
+
+    run(scenario)
+
+
 def test_a_waiter_wakes_when_handed_a_wake_and_times_out_otherwise() -> None:
     async def scenario() -> None:
         dispatcher = Dispatcher(listen=False)
@@ -99,6 +122,11 @@ def test_a_waiter_wakes_when_handed_a_wake_and_times_out_otherwise() -> None:
         loop.call_later(0.01, dispatcher.notify, "a")
         started = loop.time()
         await waiter.wait(5)
+        assert loop.time() - started < 1
+        hangup = loop.create_future()
+        loop.call_later(0.01, hangup.set_result, {"type": "http.disconnect"})
+        started = loop.time()
+        await waiter.wait(5, hangup)  # its client hung up: no more waiting
         assert loop.time() - started < 1
 
     run(scenario)

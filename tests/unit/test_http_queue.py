@@ -228,6 +228,14 @@ def test_a_refused_token_raises_a_clear_error_and_is_no_outage(
     assert not queue.broken
 
 
+def test_a_rate_limited_address_waits_and_tries_again_as_in_an_outage(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [(429, {"error": "too many requests", "field": None})]
+    with pytest.raises(ApiUnreachable, match=r"answered 429 to v1/claim: too many requests"):
+        queue.claim("w:1:abc", [], [])
+
+
 def test_server_errors_and_no_server_are_outages(api: ScriptedApi, queue: HttpQueue) -> None:
     api.answers = [(503, {"error": "down", "field": None})]
     with pytest.raises(ApiUnreachable) as raised:

@@ -31,3 +31,35 @@ SELECT * FROM django_jobs_keyed_candidate(%(queues)s::text[], %(closed)s::text[]
 -- The candidate without a key, for reading its plan.
 SELECT * FROM django_jobs_free_candidate(%(queues)s::text[], %(closed)s::text[],
                                          %(skip_tasks)s::text[])
+
+-- name: ready_queues
+-- The HTTP API's tick (api/waiting.py): which of the queues its idle long polls wait on have a
+-- ready job, asked once for all of them, so that idle waiters cost one statement a tick however
+-- many sets of queues they wait on. A row per queue of %(queues)s that has a ready job and is
+-- not paused, and a row '' (for the waiters of every queue) when %(any)s and any queue has one.
+-- Only a hint, as a notification is: a woken waiter claims, and finds nothing if the job's key
+-- or queue has no free slot. Each probe is a scalar subquery with LIMIT 1, so that it runs per
+-- queue and stops at the first ready row of job_claim_free_queue_idx or job_claim_key_idx
+-- (job_claim_free_idx for ''), rather than being hashed over every pending job.
+SELECT q.name AS queue
+FROM unnest(%(queues)s::text[]) AS q (name)
+WHERE coalesce((SELECT true FROM django_jobs_job
+                WHERE state = 'pending' AND concurrency_key IS NULL AND queue = q.name
+                  AND run_after <= now()
+                LIMIT 1),
+               (SELECT true FROM django_jobs_job
+                WHERE state = 'pending' AND concurrency_key IS NOT NULL AND queue = q.name
+                  AND run_after <= now()
+                LIMIT 1),
+               false)
+  AND NOT EXISTS (SELECT FROM django_jobs_queue WHERE name = q.name AND paused)
+UNION ALL
+SELECT ''
+WHERE %(any)s
+  AND coalesce((SELECT true FROM django_jobs_job
+                WHERE state = 'pending' AND concurrency_key IS NULL AND run_after <= now()
+                LIMIT 1),
+               (SELECT true FROM django_jobs_job
+                WHERE state = 'pending' AND concurrency_key IS NOT NULL AND run_after <= now()
+                LIMIT 1),
+               false)
