@@ -282,8 +282,10 @@ def test_a_cached_token_is_refused_once_it_expires() -> None:
     row, secret = auth.create("short", ["remote"], expires_in=datetime.timedelta(minutes=1))
     api = Api(secret)
     assert api.claim(queues=["remote"]).status_code == 204  # now cached
-    grant = auth.cache.peek(secret)
-    assert isinstance(grant, auth.Grant) and grant.expires_at == row.expires_at
+    known = auth.cache.peek(secret)
+    assert isinstance(known, auth.Fresh)
+    grant = known.grant
+    assert grant.expires_at == row.expires_at
     assert grant.refusal(row.expires_at) is not None and grant.refusal() is None
 
 
