@@ -141,7 +141,8 @@ WRITES: dict[str, Write] = {
         "c = Client()\nc.force_login(User.objects.get(username='root'))\n"
         "r = c.post(reverse('admin:django_jobs_schedule_change', args=[s.pk]), {'name': 'crash',"
         " 'task': 'tests.echo', 'cron': '7 * * * *', 'timezone': 'UTC', 'args': '[]',"
-        " 'kwargs': '{}', 'queue': '', 'priority': '', 'catch_up': 'skip', 'overlap': 'allow'})\n"
+        " 'kwargs': '{}', 'queue': '', 'priority': '', 'catch_up': 'skip', 'overlap': 'allow',"
+        " 'when_queue_paused': 'skip'})\n"
         "assert r.status_code == 302, r.content\n" + SCHEDULE_STATE,
         SCHEDULE_STATE,
     ),
