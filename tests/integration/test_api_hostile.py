@@ -140,7 +140,9 @@ def refused(answer: Answer, status: int | set[int], field: Any = ...) -> None:
         "application/json"
     ), answer
     assert isinstance(answer.data, dict) and isinstance(answer.data["error"], str), answer
-    if field is not ...:
+    if isinstance(field, frozenset):
+        assert answer.data["field"] in field, answer
+    elif field is not ...:
         assert answer.data["field"] == field, answer
 
 
@@ -203,7 +205,7 @@ def test_huge_integers_deep_nesting_and_wrong_types_are_400_naming_the_field(
     huge = b"9" * 450  # over float's range, under Python's 4300-digit limit
     held = lease.encode()
     deep = "[" * 1000 + "]" * 1000
-    cases: list[tuple[str, bytes, str | None]] = [
+    cases: list[tuple[str, bytes, Any]] = [
         ("v1/claim", b'{"worker": "w1", "wait": %s}' % huge, "wait"),
         (f"v1/jobs/{job_id}/finish",
          b'{"lease": "%s", "outcome": "error", "retry_after": %s}' % (held, huge),
@@ -225,12 +227,15 @@ def test_huge_integers_deep_nesting_and_wrong_types_are_400_naming_the_field(
         ("v1/claim", b'{"worker": "w1", "wait": %s}' % (b"9" * 5000), None),
         ("v1/claim", b'{"worker": "w1", "wait": NaN}', None),
         ("v1/enqueue", b'{"task": "remote.upper", "args": [-Infinity]}', None),
-        ("v1/enqueue", b'{"task": "remote.upper", "args": %s}' % deep.encode(), None),
+        # 1,000 levels: JSON's own parser gives up on Python 3.11 (no field), and from 3.12 it
+        # parses them and the depth check names the field.
+        ("v1/enqueue", b'{"task": "remote.upper", "args": %s}' % deep.encode(),
+         frozenset({None, "args"})),
         ("v1/enqueue",
          b'{"task": "remote.upper", "args": %s}' % ("[" * 100 + "]" * 100).encode(), "args"),
         (f"v1/jobs/{job_id}/finish",
          b'{"lease": "%s", "outcome": "done", "result": %s}' % (held, deep.encode()),
-         None),
+         frozenset({None, "result"})),
     ]  # fmt: skip
     for info, field in [
         ({"pid": "abc"}, "info.pid"),
