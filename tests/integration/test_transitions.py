@@ -282,12 +282,13 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
         sql, params = store.claim_sql(queues)
         plans[queues and queues[0]] = plan = _plan(sql, {"worker_id": WORKER, **params})
         assert _uses_one_of(indexes, plan), plan
-        assert "Sort" not in plan and "Seq Scan" not in plan, plan
+        # (The guard reads the queue table, a row per paused or limited queue, whole.)
+        assert "Sort" not in plan and "Seq Scan on django_jobs_job" not in plan, plan
         # The worker runs the statement inside django_jobs_claim(), which keeps a generic plan
         # (one made without the parameters' values): that one must use the index as well.
         generic = _generic_plan(sql, {"worker_id": WORKER, **params})
         assert _uses_one_of(indexes, generic), generic
-        assert "Sort" not in generic and "Seq Scan" not in generic, generic
+        assert "Sort" not in generic and "Seq Scan on django_jobs_job" not in generic, generic
     print("\n\n".join(plans.values()))
 
 
@@ -399,8 +400,18 @@ def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
         one_queue.replace("%(queue)s", "v_queues[1]"),
         _words(store.claim_branch("claim_some_queues")).replace("%(queues)s", "v_queues"),
         _words(store.claim_branch("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
-        one_queue.replace("%(queue)s", "v_free.queue"),
+        # The claim of the candidate without a key: claim_one_queue on the candidate's queue,
+        # without the guard, since it runs on the longer way, once the controls are read.
+        _words(_GUARD.sub("", store.claim_branch("claim_one_queue"))).replace(
+            "%(queue)s", "v_free.queue"
+        ),
     ]
+
+
+#: The guard of the claim's first statement: no control on the worker's queues, no keyed job.
+_GUARD = re.compile(
+    r"\s*AND NOT EXISTS \(SELECT FROM django_jobs_queue q.*?IS NOT NULL\)(?=\n)", re.S
+)
 
 
 @pytest.mark.django_db(False)
@@ -432,3 +443,54 @@ def test_finish_and_claim_end_one_job_and_take_the_next_in_one_round_trip() -> N
     with connection.cursor() as cursor:
         ended, claimed = store.finish_and_claim(cursor, lease, Outcome.DONE, None)
     assert ended is None and claimed.id == third.pk
+
+
+@pytest.mark.parametrize(
+    ("control", "queues"),
+    [
+        ("INSERT INTO django_jobs_queue (name, paused) VALUES ('reports', true)", None),
+        ("INSERT INTO django_jobs_queue (name, concurrency_limit) VALUES ('reports', 5)", None),
+        (
+            "INSERT INTO django_jobs_queue (name, paused) VALUES ('reports', true)",
+            ["reports", "default"],
+        ),
+        (
+            "INSERT INTO django_jobs_job (task, concurrency_key, concurrency_limit)"
+            " VALUES ('tests.keyed', 'k', 1)",
+            ["default"],
+        ),
+    ],
+)
+def test_the_claims_first_statement_reads_and_locks_no_job_while_controls_are_in_use(
+    control, queues
+) -> None:
+    # The claim function's first statement claims only while none of the worker's queues is
+    # paused or limited and no keyed job waits: its guard is a one-time filter, checked before
+    # the ordered scan starts, so that it neither claims nor locks a job the longer way must
+    # decide on (a job of a paused queue, say); the function then takes the longer way.
+    JobFactory(queue="default")
+    sql, params = store.claim_sql(queues)
+    names = ["worker_id", *params]
+    values = {"worker_id": WORKER, **params}
+    for number, name in enumerate(names, start=1):
+        sql = sql.replace(f"%({name})s", f"${number}")
+    with connection.cursor() as cursor:
+        cursor.execute(control)
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE guarded_claim AS {sql}")
+        try:
+            placeholders = ", ".join(["%s"] * len(names))
+            cursor.execute(
+                f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE guarded_claim({placeholders})",
+                [values[name] for name in names],
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE guarded_claim")
+    scan = re.search(r"Index Scan using job_claim_free\w* on django_jobs_job .*", plan)
+    assert scan is not None and "(never executed)" in scan.group(0), plan
+    assert "LockRows (never executed)" in plan, plan
+    assert "Insert on django_jobs_attempt (actual" in plan and "rows=0" in plan, plan
+    # ... and the function, by the longer way, still claims the job of the open queue.
+    claimed = claim(queues)
+    assert claimed is not None and claimed.queue == "default"

@@ -13,7 +13,9 @@
 --
 -- Jobs with a concurrency key, and queues that are paused or limited, take the function's
 -- longer way; its three short branches claim jobs without a key only, so that a job with a key
--- is never claimed without its key's lock. Indexes: job_claim_free_idx for any queue,
+-- is never claimed without its key's lock, and only while no such job waits and none of the
+-- worker's queues is paused or limited (their guard, checked before they read a job: the
+-- queue table and job_claim_key_idx, both empty when no controls are in use). Indexes: job_claim_free_idx for any queue,
 -- job_claim_free_queue_idx for one queue or some, both partial on pending jobs without a
 -- concurrency key, so finished jobs cost nothing however many there are. The claim of a keyed
 -- candidate, once its key's slot is secured, finds it by the primary key.
