@@ -1,6 +1,6 @@
-"""Writing new jobs: one row (``insert_job``), or many (``reserve_jobs`` then one ``COPY``,
-``copy_jobs``); the statements of enqueue.sql that write job rows. The payload checks, the
-options and the dependencies are :mod:`django_jobs.enqueue`'s."""
+"""Writing new jobs: one row (``insert_job``, or ``insert_plain_job``), or many (``reserve_jobs``
+then one ``COPY``, ``copy_jobs``); the statements of enqueue.sql that write job rows. The payload
+checks, the options and the dependencies are :mod:`django_jobs.enqueue`'s."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def insert_job(cursor: Cursor, params: dict[str, Any]) -> InsertedJob | None:
     plain = params["unique_key"] is None and params["parent"] is None
     sender = db.execute(cursor, _INSERT_PLAIN if plain else _INSERT, params)
     # Read by position: the columns are checked against InsertedJob's fields once per statement
-    # (db.fetch_one_as), not on every enqueue, which would build their descriptions each time.
+    # and process, not on every enqueue (db.fetch_one_as builds their descriptions each time).
     if plain not in _CHECKED:
         db.check_columns(sender, InsertedJob)
         _CHECKED.add(plain)
