@@ -83,6 +83,18 @@ def fetch_all_as(cursor: Cursor, row_type: type[Row]) -> list[Row]:
     return [row_type(**dict(zip(names, row, strict=True))) for row in cursor.fetchall()]
 
 
+def check_columns(cursor: Cursor, row_type: type[Any]) -> None:
+    """Raise :class:`ColumnMismatch` unless the statement's columns are ``row_type``'s fields, in
+    order: for a hot statement read by position, checked once rather than on every row."""
+    names = _columns(cursor, row_type)
+    fields = list(getattr(row_type, "_fields", ()))
+    if names != fields:
+        raise ColumnMismatch(
+            f"the statement's columns ({', '.join(names)}) are not in the order of the fields of"
+            f" {row_type.__name__} ({', '.join(fields)})"
+        )
+
+
 def _columns(cursor: Cursor, row_type: type[Any]) -> list[str]:
     """The names of the statement's columns, checked against ``row_type``'s fields: a renamed
     column fails here, with both lists, rather than as a value read into the wrong field."""

@@ -1,6 +1,6 @@
-"""Writing new jobs: one row (``insert_job``), or many (``reserve_jobs`` then one ``COPY``,
-``copy_jobs``); the statements of enqueue.sql that write job rows. The payload checks, the
-options and the dependencies are :mod:`django_jobs.enqueue`'s."""
+"""Writing new jobs: one row (``insert_job``, or ``insert_plain_job``), or many (``reserve_jobs``
+then one ``COPY``, ``copy_jobs``); the statements of enqueue.sql that write job rows. The payload
+checks, the options and the dependencies are :mod:`django_jobs.enqueue`'s."""
 
 from __future__ import annotations
 
@@ -39,8 +39,22 @@ class Reserved(NamedTuple):
 
 
 def insert_job(cursor: Cursor, params: dict[str, Any]) -> InsertedJob | None:
-    """Write one job (``insert_job``); ``None`` when its unique key is held by an active job."""
-    return db.fetch_one_as(db.execute(cursor, query("insert_job"), params), InsertedJob)
+    """Write one job (``insert_job``, or ``insert_plain_job`` when it has neither a unique key
+    nor a parent); ``None`` when its unique key is held by an active job."""
+    plain = params["unique_key"] is None and params["parent"] is None
+    sender = db.execute(cursor, _INSERT_PLAIN if plain else _INSERT, params)
+    # Read by position: the columns are checked against InsertedJob's fields once per statement
+    # and process, not on every enqueue (db.fetch_one_as builds their descriptions each time).
+    if plain not in _CHECKED:
+        db.check_columns(sender, InsertedJob)
+        _CHECKED.add(plain)
+    row = sender.fetchone()
+    return None if row is None else InsertedJob._make(row)
+
+
+_INSERT, _INSERT_PLAIN = query("insert_job"), query("insert_plain_job")
+#: Which of the two statements' columns have been checked (by ``plain``).
+_CHECKED: set[bool] = set()
 
 
 def reserve_jobs(cursor: Cursor, params: dict[str, Any]) -> Reserved:

@@ -91,6 +91,14 @@ def test_a_column_that_is_not_a_field_of_the_row_is_refused_with_both_lists() ->
             db.fetch_one_as(result, Pair)
 
 
+def test_columns_read_by_position_must_be_the_fields_in_order() -> None:
+    with connection.cursor() as cursor:
+        db.check_columns(db.execute(cursor, "SELECT 'a' AS name, 1 AS size"), Pair)
+        result = db.execute(cursor, "SELECT 1 AS size, 'a' AS name")
+        with pytest.raises(db.ColumnMismatch, match=r"\(size, name\).*order.*Pair \(name, size\)"):
+            db.check_columns(result, Pair)
+
+
 def test_a_stronger_synchronous_commit_of_the_operator_is_kept() -> None:
     with _careless_connection(psycopg.ClientCursor, "remote_apply") as conn:
         row = db.execute(conn.cursor(), _SETTINGS).fetchone()

@@ -10,8 +10,10 @@ from django.utils import timezone
 from django_jobs import InvalidOption, InvalidPayload, UnknownTask
 from django_jobs.enqueue import enqueue
 from django_jobs.models import Job
+from django_jobs.store.sql import query
 from testproject.examples.jobs import build_report
 from testproject.testjobs.jobs import echo
+from tests.conftest import connect
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -92,6 +94,62 @@ def test_enqueue_many_returns_jobs_equal_to_the_stored_rows() -> None:
     jobs[1].save(update_fields=["priority"])
     assert Job.objects.get(pk=jobs[1].pk).priority == 9
     assert jobs[2] == Job.objects.get(pk=jobs[2].pk) and jobs[2] != jobs[1]
+
+
+def test_enqueue_returns_a_job_equal_to_the_stored_row() -> None:
+    # Every variant of a single enqueue: with neither a unique key nor a parent (the plain
+    # statement), with one of them, waiting on a dependency, born cancelled, due later.
+    failed = JobFactory(state="error", finished_at=timezone.now(), error="boom")
+    parent = echo.enqueue()
+    fields = [field.attname for field in Job._meta.concrete_fields]
+    for job in [
+        parent,
+        build_report.enqueue(42, fmt="csv"),
+        echo.using(queue="reports", priority=5, max_attempts=7, timeout=30).enqueue(1.5, [1]),
+        echo.using(run_after=timedelta(minutes=5), concurrency_key="k").enqueue(),
+        echo.using(unique_key="one-of-a-kind").enqueue(),
+        echo.using(parent=parent).enqueue(),
+        echo.using(depends_on=[parent]).enqueue(),
+        echo.using(depends_on=[failed]).enqueue(),
+    ]:
+        stored = Job.objects.get(pk=job.pk)
+        assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+        assert job.__dict__.keys() == stored.__dict__.keys()
+        assert job._state.adding is False and job._state.db == "default"
+    assert stored.state == "cancelled" and stored.finished_at is not None
+    # An ordinary model instance: it saves and compares like a fetched one.
+    parent.priority = 9
+    parent.save(update_fields=["priority"])
+    assert Job.objects.get(pk=parent.pk).priority == 9 and parent == Job.objects.get(pk=parent.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_single_enqueue_in_autocommit_is_one_statement_that_notifies() -> None:
+    # One statement, one round trip: its bounded waits and durable commit travel with it
+    # (store/db.py), and so does the NOTIFY that wakes idle workers (delivered at its commit).
+    for task, statement in [(echo, "insert_plain_job"), (echo.using(unique_key="u"), "insert_job")]:
+        with CaptureQueriesContext(connection) as queries:
+            task.enqueue()
+        assert len(queries) == 1
+        sql = queries[0]["sql"]
+        assert query(statement).split("VALUES")[0] in sql and sql.startswith("SELECT set_config(")
+        assert "pg_notify('django_jobs', queue)" in sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueued_job_that_is_ready_wakes_idle_workers_at_commit() -> None:
+    listener = connect()
+    try:
+        listener.execute("LISTEN django_jobs")
+        with transaction.atomic():
+            echo.using(queue="reports").enqueue()
+            echo.using(run_after=timedelta(hours=1)).enqueue()  # not ready: no wake-up
+            assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
+        woken = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert woken == ["reports"]
+        assert list(listener.notifies(timeout=0.2)) == []
+    finally:
+        listener.close()
 
 
 @pytest.mark.django_db(transaction=True)

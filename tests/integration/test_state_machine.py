@@ -269,11 +269,23 @@ def _upstreams() -> tuple[Job, Job]:
 
 
 def enqueue_one() -> Moves:
+    """``insert_plain_job``: no unique key, no parent."""
     unfinished, failed = _upstreams()
     with watching() as moves:
         echo.enqueue()
         echo.using(depends_on=[unfinished]).enqueue()
         echo.using(depends_on=[failed]).enqueue()
+    return moves
+
+
+def enqueue_one_keyed() -> Moves:
+    """``insert_job``: with a unique key, or a parent."""
+    unfinished, failed = _upstreams()
+    parent = running()
+    with watching() as moves:
+        echo.using(unique_key="state-machine").enqueue()
+        echo.using(unique_key="state-machine-waits", depends_on=[unfinished]).enqueue()
+        echo.using(parent=parent, depends_on=[failed]).enqueue()
     return moves
 
 
@@ -290,7 +302,8 @@ def enqueue_many() -> Moves:
 #: Every statement that writes ``state`` (or is guarded by the state machine), and how to run it
 #: from every state.
 EXERCISES: dict[str, Callable[[], Moves]] = {
-    "insert_job": enqueue_one,
+    "insert_plain_job": enqueue_one,
+    "insert_job": enqueue_one_keyed,
     "copy_jobs": enqueue_many,
     "django_jobs_claim": claim,
     "django_jobs_finish": finish,

@@ -354,6 +354,7 @@ def test_the_statements_found_are_the_ones_expected() -> None:
     # A reading aid as much as a check: every statement that writes state, with its transition.
     found = {name: t.name for name, (_, t) in declared_statements_by_name().items()}
     assert found == {
+        "insert_plain_job": "enqueue",
         "insert_job": "enqueue",
         "copy_jobs": "enqueue",
         # The worker's functions (the newest of functions/*.sql).
