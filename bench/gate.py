@@ -69,8 +69,8 @@ class Settings:
     """What a measurement ran; the baseline keeps its own, and the gate measures with them, since
     the statements of a worker's start and stop are spread over ``jobs``."""
 
-    jobs: int = 300  # no-op jobs per worker run
-    floor_jobs: int = 1_000  # jobs per floor run
+    jobs: int = 200  # no-op jobs per worker run
+    floor_jobs: int = 600  # jobs per floor run
     runs: int = 3  # interleaved runs, for the CPU ratio's median
     repetitions: int = 5  # EXPLAIN rounds, after the warm-up ones
 
@@ -214,6 +214,7 @@ def measure(
             [ctx.python, "-m", "bench.gate", "--probe-buffers", str(settings.repetitions)],
             ours.env(ctx),
         )
+        step("cost per job: workers on no-op jobs, and the floor, interleaved")
         with ours.connect(ctx) as conn:
             conn.execute(floor_system.SCHEMA)
         runs_measured: list[dict[str, Any]] = []
@@ -349,15 +350,19 @@ def buffers_probe(repetitions: int, warmup: int = 6) -> dict[str, Any]:
     over ``repetitions`` rounds after ``warmup`` unrecorded ones.
 
     Buffer counts move with the state of the pages (hint bits, the visibility map, dead index
-    entries left by earlier claims, pruning, free space), so every round starts from the same
-    state: the table is filled once with fixed content and analysed, autovacuum is off on it,
-    and each round (a claim, committed as the worker's is; the finish of that job, committed;
-    the plain branch, rolled back) is preceded by ``VACUUM (FREEZE)``, which leaves every page
-    frozen and all-visible and no dead tuple or index entry behind. (Not ``ANALYZE``: each one
-    rewrites the statistics rows, and reading those catalogs' pages then costs more, round by
-    round.) The warm-up rounds fill the session's caches (catalogs, the PL/pgSQL functions'
-    plans, which settle after their fifth run) as a busy worker's are. The sequence is the
-    same on every run, on a freshly migrated database, so its counts are too.
+    entries left by earlier claims, pruning, free space), so every statement starts from the
+    same state: the table is filled once with fixed content and analysed, autovacuum is off on
+    it, and each statement of a round (a claim, committed as the worker's is; the finish of that
+    job, committed; the plain branch, rolled back) is preceded by ``VACUUM (FREEZE)``, which
+    leaves every page frozen and all-visible and no dead tuple or index entry behind. Otherwise
+    a statement would prune the tuples its predecessor left dead, or not, depending on whether
+    a transaction in *another* database was open at that moment (the cluster-wide snapshot
+    horizon). (Not ``ANALYZE``: each one rewrites the statistics rows, and reading those
+    catalogs then costs more, round by round.) The VACUUM invalidates the tables' cache entries,
+    so they are read again before the statement, and catalog reads are not counted. The warm-up
+    rounds fill the session's caches (the PL/pgSQL functions' plans settle after their fifth
+    run) as a busy worker's are. The sequence is the same on every run, on a freshly migrated
+    database, so its counts are too.
     """
     import psycopg
     from django.db import connection
@@ -403,13 +408,17 @@ def buffers_probe(repetitions: int, warmup: int = 6) -> dict[str, Any]:
     branch_params = {"worker_id": WORKER_ID, **branch_params}
     rounds: list[dict[str, dict[str, Any]]] = []
     plans: dict[str, str] = {}
-    for _ in range(warmup + repetitions):
+
+    def settle() -> None:
         vacuum("FREEZE")
         for table in _TABLES:  # VACUUM invalidated their cache entries: read them again now
             conn.execute(
                 sql.SQL("EXPLAIN SELECT FROM {} WHERE id IS NULL").format(sql.Identifier(table))
             )
         conn.rollback()
+
+    for _ in range(warmup + repetitions):
+        settle()
         measured = {}
         measured["call_claim"], plans["call_claim"] = _explain(
             conn, query("call_claim"), claim_params
@@ -433,8 +442,10 @@ def buffers_probe(repetitions: int, warmup: int = 6) -> dict[str, Any]:
             "retryable": True,
             "retry_delay": 0.0,
         }
+        settle()
         measured["call_finish"], plans["call_finish"] = _explain(conn, query("call_finish"), finish)
         conn.commit()
+        settle()
         measured["claim_any_queue"], plans["claim_any_queue"] = _explain(
             conn, branch_sql, branch_params
         )
@@ -492,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(
             f"--{field.name.replace('_', '-')}",
             type=int,
-            help=f"default: the baseline's, else {field.default}",
+            help=f"default: the baseline's ({field.default} with --update)",
         )
     parser.add_argument("--probe-buffers", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -509,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.measurement:
         measurement = json.loads(args.measurement.read_text())
     else:
-        settings = Settings(**(baseline or {}).get("settings", {}))
+        # The baseline's settings, to compare with it; the code's, to write a new one.
+        settings = Settings(**({} if args.update else (baseline or {}).get("settings", {})))
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
         settings = dataclasses.replace(settings, **{k: v for k, v in given.items() if v})
         server = Server(os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL, args.db_prefix)
