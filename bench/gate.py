@@ -99,7 +99,7 @@ class Tolerance:
 #: start-up and shutdown statements and the time-driven heartbeats, spread over the jobs (a few
 #: thousandths per job); buffers and WAL records repeat exactly on the fixed table, the slack is
 #: for a change of PostgreSQL version or page layout; the CPU ratio's median ranged from 2.2 to
-#: 3.45 over eight runs on a 2-core machine under a load average of 9 to 22 (docs/benchmarks.md,
+#: 3.45 over eleven runs on a 2-core machine under a load average of 9 to 22 (docs/benchmarks.md,
 #: "The cost gate"), hence 60 %.
 TOLERANCES = {
     "per_job": Tolerance(0.05, why="statements or round trips per job"),
