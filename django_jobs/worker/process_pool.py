@@ -213,9 +213,7 @@ class ExecutorPool:
                 self._read_output(slot, OUTPUT_READ_LIMIT)
         for slot in list(self.slots):
             if slot.conn in ready:
-                reported = self._receive(slot)
-                if reported is not None:
-                    yield reported
+                yield from self._receive(slot)
         for slot in list(self.slots):
             if slot.process.sentinel in ready and not slot.process.is_alive():
                 elapsed = time.monotonic() - slot.started
@@ -238,39 +236,53 @@ class ExecutorPool:
             if not data:
                 return  # the executor has exited; its sentinel says so
             read += len(data)
+            slot.output_read += len(data)
             if slot.watch is not None:
                 slot.watch.printed(data)
 
-    def _last_of(self, slot: Slot) -> Watch | None:
-        """The running job's watch, with everything its executor wrote before it ended."""
+    def _last_of(self, slot: Slot, written: int | None = None) -> Watch | None:
+        """The running job's watch, with everything its executor wrote before it ended;
+        ``written``: how many bytes it had written to its output pipe by then, if known (then
+        only those not read yet are read, and most jobs, which print nothing, cost no read)."""
         if slot.output is not None:
-            self._read_output(slot, float("inf"))
+            unread = float("inf") if written is None else written - slot.output_read
+            if unread > 0:
+                self._read_output(slot, unread)
         watch, slot.watch = slot.watch, None
         return watch
 
-    def _receive(self, slot: Slot) -> Reported | None:
+    def _receive(self, slot: Slot) -> Iterator[Reported]:
         try:
-            message = slot.conn.recv()
+            messages = slot.conn.messages()
         except (EOFError, OSError):
-            return None  # the sentinel reports the death
+            return  # the sentinel reports the death
+        for message in messages:
+            reported = self._received(slot, message)
+            if reported is not None:
+                yield reported
+
+    def _received(self, slot: Slot, message: Any) -> Reported | None:
+        job = slot.job
+        if isinstance(message, Report) and job is not None and message.job_id == job.id:
+            return self._reported(slot, job, message)
+        if isinstance(message, Progress):
+            if slot.watch is not None and job is not None and message.job_id == job.id:
+                slot.watch.reported(message)
+            return None
         if message == "ready":
             slot.ready = True
             self.observer.executor_ready(slot.pid)
             return None
-        if isinstance(message, Progress):
-            if slot.watch is not None and slot.job is not None and message.job_id == slot.job.id:
-                slot.watch.reported(message)
-            return None
-        job = slot.job
-        if job is None or not isinstance(message, Report) or message.job_id != job.id:
-            logger.error("executor %d sent an unexpected message: %r", slot.index, message)
-            return None
+        logger.error("executor %d sent an unexpected message: %r", slot.index, message)
+        return None
+
+    def _reported(self, slot: Slot, job: ClaimedJob, message: Report) -> Reported:
         # Record what the job did even if it was being stopped at that moment: a finished job's
         # result beats a timeout. If the lease was lost meanwhile, the fenced write says so.
         elapsed = time.monotonic() - slot.started
         slot.job = None
         slot.deadline = None
-        return Reported(slot, job, message, elapsed, self._last_of(slot))
+        return Reported(slot, job, message, elapsed, self._last_of(slot, message.output_bytes))
 
     def replace(self, slot: Slot) -> Slot:
         """A fresh executor in the place of ``slot``'s, which has exited."""

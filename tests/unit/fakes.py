@@ -380,6 +380,9 @@ class FakeConn:
             raise EOFError
         return self.inbox.popleft()
 
+    def messages(self) -> list[Any]:
+        return [self.recv()]  # one at a time: each turn of the loop takes one
+
     def close(self) -> None:
         self.closed = True
 
