@@ -72,6 +72,7 @@ class Pipe:
         self.lock = threading.Lock()
 
     def send(self, message: Any) -> None:
+        # Connection.send's framing is what the supervisor reads (worker/spawn.py, ExecutorEnd).
         with self.lock:
             self.conn.send(message)
 
