@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +42,27 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """The readable lines: ``%(asctime)s %(levelname)-7s %(message)s``, exactly as
+    :class:`logging.Formatter` writes them, but with the date and time to the second formatted
+    once per second rather than once per line: a busy worker writes two lines per job."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(message)s")
+        # (second, its text): one tuple, replaced whole, so that threads never see half of it.
+        self._stamp: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        stamp = self._stamp
+        if stamp[0] != second:
+            stamp = (second, time.strftime(self.default_time_format, self.converter(second)))
+            self._stamp = stamp
+        return f"{stamp[1]},{int(record.msecs):03d}"  # as logging's default_msec_format
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Send ``django_jobs`` logs to stderr, unless the project's LOGGING already handles them."""
     logger = logging.getLogger("django_jobs")
@@ -51,6 +73,6 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JSONFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
+        handler.setFormatter(TextFormatter())
     logger.addHandler(handler)
     logger.propagate = False

@@ -46,6 +46,8 @@ class Sink:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.broken = False
+        #: Bytes written so far, in all (see ``Report.output_bytes``, worker/executor.py).
+        self.written = 0
 
     def write(self, text: str) -> None:
         if text:
@@ -63,6 +65,7 @@ class Sink:
             except OSError:
                 self.broken = True  # the supervisor is gone: the job goes on regardless
                 return
+            self.written += written
             view = view[written:]
 
 

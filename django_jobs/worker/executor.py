@@ -57,6 +57,10 @@ class Report:
     traceback: str = ""
     retryable: bool = True
     retry_after: float | None = None
+    #: How many bytes the executor had written to its output pipe, since it started, when it
+    #: sent this report (``None``: not counted). The supervisor reads that pipe for the rest
+    #: of the job's output only if it has not read that many yet: most jobs print nothing.
+    output_bytes: int | None = None
 
 
 class Pipe:
@@ -68,6 +72,7 @@ class Pipe:
         self.lock = threading.Lock()
 
     def send(self, message: Any) -> None:
+        # Connection.send's framing is what the supervisor reads (worker/spawn.py, ExecutorEnd).
         with self.lock:
             self.conn.send(message)
 
@@ -159,7 +164,10 @@ def run_assignment(
         sys.stdout.flush()
         sys.stderr.flush()
     return dataclasses.replace(
-        report, error=storable_text(report.error), traceback=storable_text(report.traceback)
+        report,
+        error=storable_text(report.error),
+        traceback=storable_text(report.traceback),
+        output_bytes=None if output is None else output.written,
     )
 
 

@@ -25,12 +25,13 @@ class WorkerStats:
 
 
 def job_fields(job: ClaimedJob, worker_id: str) -> dict[str, Any]:
-    """The structured fields of a log line about ``job``."""
+    """The structured fields of a log line about ``job`` (a new dict: the caller may add to it)."""
+    lease = job.lease
     return {
-        "job_id": job.id,
+        "job_id": lease.job_id,
         "task": job.task,
         "queue": job.queue,
-        "attempt": job.attempt,
+        "attempt": lease.attempt,
         "worker_id": worker_id,
     }
 
@@ -46,37 +47,44 @@ class OutcomeLog:
         return job_fields(job, self.worker_id)
 
     def claimed(self, job: ClaimedJob) -> None:
+        # Per job: nothing at all is built when nobody reads INFO (``--log-level WARNING``).
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        fields = self.fields(job)
+        fields["event"] = "claim"
         logger.info(
             "job %d claimed: task=%s queue=%s attempt=%d/%d",
-            job.id,
+            fields["job_id"],
             job.task,
             job.queue,
-            job.attempt,
+            fields["attempt"],
             job.max_attempts,
-            extra={**self.fields(job), "event": "claim"},
+            extra=fields,
         )
 
     def finished(
         self, job: ClaimedJob, outcome: str, options: dict[str, Any], state: str, elapsed: float
     ) -> None:
         """An attempt's end has committed, and left its job in ``state``."""
-        fields = {
-            **self.fields(job),
-            "duration": round(elapsed, 3),
-            "outcome": outcome,
-            "event": "retry" if state == "pending" else "finish",
-            "state": state,
-        }
-        if state == "done":
+        if state == "done" or state == "waiting":
             self.stats.done += 1
+            # The per-job line: built only if INFO is read (see :meth:`claimed`).
+            if not logger.isEnabledFor(logging.INFO):
+                return
+        else:
+            self.stats.failed += 1
+        fields = self.fields(job)
+        fields["duration"] = round(elapsed, 3)
+        fields["outcome"] = outcome
+        fields["event"] = "retry" if state == "pending" else "finish"
+        fields["state"] = state
+        if state == "done":
             logger.info("job %d done in %.3fs", job.id, elapsed, extra=fields)
         elif state == "waiting":
-            self.stats.done += 1
             logger.info(
                 "job %d returned in %.3fs; waiting for its children", job.id, elapsed, extra=fields
             )
         elif state == "pending":
-            self.stats.failed += 1
             logger.warning(
                 "job %d attempt %d failed (%s): %s; retrying in %.1fs",
                 job.id,
@@ -87,7 +95,6 @@ class OutcomeLog:
                 extra=fields,
             )
         else:
-            self.stats.failed += 1
             logger.warning(
                 "job %d ended %s after %d attempt(s) (%s): %s",
                 job.id,

@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
+import pickle
+import select
 import time
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import wait as wait_for_any
 from typing import Any
 
 from django_jobs import conf
@@ -48,6 +50,37 @@ OUTPUT_CHUNK = 64 * 1024
 OUTPUT_READ_LIMIT = 1024 * 1024
 
 
+#: The longest timeout poll(2) takes, in milliseconds (24 days).
+_LONGEST_POLL_MS = 2**31 - 1
+
+
+class Poller:
+    """:func:`multiprocessing.connection.wait` for the supervisor's loop, which waits once per
+    turn on the same pipes, sentinels and sockets: the poll set is kept from one wait to the
+    next, and made again only when what is waited on changes (an executor replaced, the LISTEN
+    connection made again), where ``wait`` would build a selector and register each of them
+    every time."""
+
+    def __init__(self) -> None:
+        self._waitables: list[Any] = []
+        self._poll = select.poll()
+        self._by_fd: dict[int, Any] = {}
+
+    def __call__(self, waitables: list[Any], timeout: float) -> list[Any]:
+        if waitables != self._waitables:
+            self._poll = select.poll()
+            self._by_fd = {}
+            for waitable in waitables:
+                fd = waitable if isinstance(waitable, int) else waitable.fileno()
+                self._poll.register(fd, select.POLLIN)
+                self._by_fd[fd] = waitable
+            self._waitables = waitables
+        # As a selector rounds it: never wake before the timeout only to wait again.
+        ms = min(math.ceil(timeout * 1e3), _LONGEST_POLL_MS) if timeout > 0 else 0
+        by_fd = self._by_fd
+        return [by_fd[fd] for fd, _ in self._poll.poll(ms)]
+
+
 class ExecutorPool:
     """``size`` executors, each in a :class:`Slot`."""
 
@@ -58,7 +91,7 @@ class ExecutorPool:
         kill_grace: float | None = None,
         observer: Observer | None = None,
         spawn: Callable[[int], Spawned] | None = None,
-        wait: Callable[[list[Any], float], list[Any]] = wait_for_any,
+        wait: Callable[[list[Any], float], list[Any]] | None = None,
     ) -> None:
         self.size = size
         self.kill_grace = conf.kill_grace() if kill_grace is None else kill_grace
@@ -66,7 +99,7 @@ class ExecutorPool:
         #: When the supervisor's last committed heartbeat was sent, as the executors see it.
         self.fence = Fence(conf.worker_timeout(), self.kill_grace)
         self._spawn_process = spawn or functools.partial(spawn_executor, fence=self.fence)
-        self._wait = wait
+        self._wait = wait or Poller()
         self.slots: list[Slot] = []
         self.log_bytes = conf.attempt_log_bytes()
 
@@ -129,20 +162,23 @@ class ExecutorPool:
         slot.stop_reason = None
         slot.kill_at = None
         slot.watch = Watch(job.lease, Tail(self.log_bytes))
+        lease = job.lease
+        assignment = Assignment(
+            job_id=lease.job_id,
+            task=job.task,
+            attempt=lease.attempt,
+            max_attempts=job.max_attempts,
+            worker_id=lease.worker_id,
+            args_json=job.args_json,
+            kwargs_json=job.kwargs_json,
+            lease=lease.token,
+        )
+        # Pickled here in one call and written in one: the executor's ``recv()`` reads it as
+        # if sent with ``send()``, which would build a pickler with its own dispatch table first.
+        message = pickle.dumps(assignment, pickle.HIGHEST_PROTOCOL)
         # If the executor died between jobs, the send fails; its sentinel reports the crash.
         with contextlib.suppress(OSError):
-            slot.conn.send(
-                Assignment(
-                    job_id=job.id,
-                    task=job.task,
-                    attempt=job.attempt,
-                    max_attempts=job.max_attempts,
-                    worker_id=job.lease.worker_id,
-                    args_json=job.args_json,
-                    kwargs_json=job.kwargs_json,
-                    lease=job.lease.token,
-                )
-            )
+            slot.conn.send_bytes(message)
 
     def defer(self, holder: Slot, job: ClaimedJob) -> None:
         """Start ``job`` in ``holder``'s place once its executor, which runs the same job under
@@ -177,9 +213,7 @@ class ExecutorPool:
                 self._read_output(slot, OUTPUT_READ_LIMIT)
         for slot in list(self.slots):
             if slot.conn in ready:
-                reported = self._receive(slot)
-                if reported is not None:
-                    yield reported
+                yield from self._receive(slot)
         for slot in list(self.slots):
             if slot.process.sentinel in ready and not slot.process.is_alive():
                 elapsed = time.monotonic() - slot.started
@@ -202,39 +236,53 @@ class ExecutorPool:
             if not data:
                 return  # the executor has exited; its sentinel says so
             read += len(data)
+            slot.output_read += len(data)
             if slot.watch is not None:
                 slot.watch.printed(data)
 
-    def _last_of(self, slot: Slot) -> Watch | None:
-        """The running job's watch, with everything its executor wrote before it ended."""
+    def _last_of(self, slot: Slot, written: int | None = None) -> Watch | None:
+        """The running job's watch, with everything its executor wrote before it ended;
+        ``written``: how many bytes it had written to its output pipe by then, if known (then
+        only those not read yet are read, and most jobs, which print nothing, cost no read)."""
         if slot.output is not None:
-            self._read_output(slot, float("inf"))
+            unread = float("inf") if written is None else written - slot.output_read
+            if unread > 0:
+                self._read_output(slot, unread)
         watch, slot.watch = slot.watch, None
         return watch
 
-    def _receive(self, slot: Slot) -> Reported | None:
+    def _receive(self, slot: Slot) -> Iterator[Reported]:
         try:
-            message = slot.conn.recv()
+            messages = slot.conn.messages()
         except (EOFError, OSError):
-            return None  # the sentinel reports the death
+            return  # the sentinel reports the death
+        for message in messages:
+            reported = self._received(slot, message)
+            if reported is not None:
+                yield reported
+
+    def _received(self, slot: Slot, message: Any) -> Reported | None:
+        job = slot.job
+        if isinstance(message, Report) and job is not None and message.job_id == job.id:
+            return self._reported(slot, job, message)
+        if isinstance(message, Progress):
+            if slot.watch is not None and job is not None and message.job_id == job.id:
+                slot.watch.reported(message)
+            return None
         if message == "ready":
             slot.ready = True
             self.observer.executor_ready(slot.pid)
             return None
-        if isinstance(message, Progress):
-            if slot.watch is not None and slot.job is not None and message.job_id == slot.job.id:
-                slot.watch.reported(message)
-            return None
-        job = slot.job
-        if job is None or not isinstance(message, Report) or message.job_id != job.id:
-            logger.error("executor %d sent an unexpected message: %r", slot.index, message)
-            return None
+        logger.error("executor %d sent an unexpected message: %r", slot.index, message)
+        return None
+
+    def _reported(self, slot: Slot, job: ClaimedJob, message: Report) -> Reported:
         # Record what the job did even if it was being stopped at that moment: a finished job's
         # result beats a timeout. If the lease was lost meanwhile, the fenced write says so.
         elapsed = time.monotonic() - slot.started
         slot.job = None
         slot.deadline = None
-        return Reported(slot, job, message, elapsed, self._last_of(slot))
+        return Reported(slot, job, message, elapsed, self._last_of(slot, message.output_bytes))
 
     def replace(self, slot: Slot) -> Slot:
         """A fresh executor in the place of ``slot``'s, which has exited."""

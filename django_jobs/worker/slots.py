@@ -17,6 +17,7 @@ from django_jobs.states import Outcome
 from django_jobs.store import ClaimedJob
 from django_jobs.worker.executor import Report
 from django_jobs.worker.live import Watch
+from django_jobs.worker.spawn import ExecutorEnd
 
 # Why an executor was stopped by the supervisor, and the attempt outcome that follows.
 STOP_TIMEOUT = "timeout"
@@ -31,9 +32,11 @@ class Slot:
 
     index: int
     process: BaseProcess
-    conn: Connection
-    # The read end of the executor's output pipe (None: its output is not captured).
+    conn: ExecutorEnd
+    # The read end of the executor's output pipe (None: its output is not captured), and how
+    # many bytes have been read from it.
     output: Connection | None = None
+    output_read: int = 0
     ready: bool = False
     job: ClaimedJob | None = None
     started: float = 0.0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
+import struct
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 from multiprocessing.process import BaseProcess
@@ -24,9 +26,72 @@ from django.conf import settings
 from django_jobs.worker.executor import executor_main
 from django_jobs.worker.fence import FENCED, Fence
 
+#: Bytes read from an executor's pipe at a time: a job's report, and its last progress, whole.
+READ_SIZE = 64 * 1024
+
+# The framing of multiprocessing's Connection.send(), which the executor sends with: the
+# length of the pickle as a signed big-endian 32-bit integer, or -1 then a 64-bit one.
+_LENGTH = struct.Struct("!i")
+_LONG_LENGTH = struct.Struct("!Q")
+
+
+class ExecutorEnd:
+    """The supervisor's end of an executor's pipe.
+
+    Jobs go down it in one write each (:meth:`send_bytes`, the pickle made by the caller). What
+    comes back, sent by the executor with :meth:`Connection.send`, is read in one read for all
+    that is in the pipe (a job's report, its last progress before it), where ``recv`` reads
+    the header and the body of each message apart: one message per job, one read."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.fd = conn.fileno()
+        # The start of a message not wholly read yet.
+        self.partial = bytearray()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def send(self, message: Any) -> None:
+        self.conn.send(message)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def messages(self) -> list[Any]:
+        """The messages now whole, after one read: call it only when the pipe is ready to read
+        (a wait said so), or it blocks. The start of a message that has not wholly arrived is
+        kept for the next call (the pipe is ready again once more of it has). Raises
+        :class:`EOFError` once the executor's end is closed, :class:`OSError` if broken."""
+        data = os.read(self.fd, READ_SIZE)
+        if not data:
+            raise EOFError
+        buffer = self.partial
+        buffer += data
+        messages = []
+        start, end = 0, len(buffer)
+        while end - start >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer, start)
+            body = start + _LENGTH.size
+            if size == -1:
+                if end - body < _LONG_LENGTH.size:
+                    break
+                (size,) = _LONG_LENGTH.unpack_from(buffer, body)
+                body += _LONG_LENGTH.size
+            if end - body < size:
+                break
+            messages.append(pickle.loads(buffer[body : body + size]))
+            start = body + size
+        del buffer[:start]
+        return messages
+
+
 #: What starting an executor gives: its process, the supervisor's end of its pipe, and the read
 #: end of its output pipe (``None``: not captured).
-Spawned = tuple[BaseProcess, Connection, Connection | None]
+Spawned = tuple[BaseProcess, ExecutorEnd, Connection | None]
 
 
 class ExecutorProcess(SpawnProcess):
@@ -79,7 +144,7 @@ def spawn_executor(index: int, fence: Fence | None = None) -> Spawned:
     child_output.close()
     # Read without blocking: a job's output is drained as far as it goes, then the loop goes on.
     os.set_blocking(output.fileno(), False)
-    return process, parent_conn, output
+    return process, ExecutorEnd(parent_conn), output
 
 
 def _picklable_databases() -> dict[str, Any]:

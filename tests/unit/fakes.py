@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import datetime
 import itertools
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -371,10 +372,16 @@ class FakeConn:
         elif result is not None:
             self.inbox.append(result)
 
+    def send_bytes(self, data: bytes) -> None:
+        self.send(pickle.loads(data))  # what the executor's recv() would make of it
+
     def recv(self) -> Any:
         if not self.inbox:
             raise EOFError
         return self.inbox.popleft()
+
+    def messages(self) -> list[Any]:
+        return [self.recv()]  # one at a time: each turn of the loop takes one
 
     def close(self) -> None:
         self.closed = True
