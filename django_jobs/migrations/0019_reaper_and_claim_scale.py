@@ -1,7 +1,7 @@
 """What keeps the reaper's pass and the controlled claim flat as the job table grows.
 
-The reaper's repair reads waiting parents and a page of waiting dependents from
-``job_waiting_attempt_idx``, and stray children from ``job_active_child_idx`` (active children
+The reaper's repair reads waiting parents from ``job_waiting_parent_idx``, a page of waiting
+dependents from ``job_waiting_dependent_idx``, and stray children from ``job_active_child_idx`` (active children
 of a recorded attempt only), so that a pass no longer walks every waiting job, nor every child
 a workflow ever had. Both are partial and built concurrently, so that upgrading a busy queue does
 not block its writers.
@@ -29,10 +29,17 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="job",
             index=models.Index(
-                models.F("attempt"),
                 models.F("id"),
-                condition=models.Q(("state", "waiting")),
-                name="job_waiting_attempt_idx",
+                condition=models.Q(("attempt__gt", 0), ("state", "waiting")),
+                name="job_waiting_parent_idx",
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                models.F("id"),
+                condition=models.Q(("attempt", 0), ("state", "waiting")),
+                name="job_waiting_dependent_idx",
             ),
         ),
         AddIndexConcurrently(

@@ -190,11 +190,19 @@ class Job(models.Model):
             models.Index(
                 "worker_id", name="job_running_worker_idx", condition=Q(state=State.RUNNING)
             ),
-            # The reaper's repair (workflows.repair): waiting parents (attempt > 0), and waiting
-            # dependents (attempt 0) a page at a time in id order, so that a pass reads a bounded
-            # slice of them, not every waiting job of the table.
+            # The reaper's repair (workflows.repair): waiting parents (attempt > 0), as few as
+            # the workflows in flight, and waiting dependents (attempt 0) a page at a time in id
+            # order, so that a pass reads a bounded slice of them, not every waiting job. Each
+            # predicate is the statement's own, so that the planner knows how few rows match.
             models.Index(
-                "attempt", "id", name="job_waiting_attempt_idx", condition=Q(state=State.WAITING)
+                "id",
+                name="job_waiting_parent_idx",
+                condition=Q(state=State.WAITING, attempt__gt=0),
+            ),
+            models.Index(
+                "id",
+                name="job_waiting_dependent_idx",
+                condition=Q(state=State.WAITING, attempt=0),
             ),
             # The reaper's stray_children: active children of a recorded attempt, by parent. Only
             # those are in it, so a pass does not walk the finished children of every workflow.

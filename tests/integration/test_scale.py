@@ -119,6 +119,24 @@ def _buffers(plan: str) -> int:
     return int(found.group(1)) + int(found.group(2) or 0)
 
 
+def test_the_waiting_parents_check_reads_waiting_parents_only() -> None:
+    # Most jobs have run (attempt 1), and thousands wait for dependencies (attempt 0): the
+    # statistics of attempt alone would make "waiting with attempt > 0" look common.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_jobs_job (task, queue, state, attempt, worker_id, started_at,
+                                         finished_at)
+            SELECT 'tests.noop', 'default', 'done', 1, 'w', now(), now()
+            FROM generate_series(1, 20000)
+            """
+        )
+    _add_waiting_dependents(5000)
+    plan = _explain(query("unsettled_parents"), {"limit": 1000})
+    assert "job_waiting_parent_idx" in plan, plan
+    assert _buffers(plan) <= 10, plan  # not the 5,000 waiting dependents
+
+
 def test_the_stray_children_check_reads_active_children_only() -> None:
     # Many workflows ran to the end: their children are done, and none can be a stray.
     with connection.cursor() as cursor:

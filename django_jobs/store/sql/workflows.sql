@@ -192,9 +192,9 @@ SELECT depends_on_id FROM django_jobs_dependency WHERE job_id = %(job_id)s
 
 -- name: unsettled_parents
 -- Parents a crash may have left unsettled: waiting for children (attempt > 0) with none of
--- their final attempt's children still active. Index: job_waiting_attempt_idx (partial on
--- waiting; attempt > 0 reads the waiting parents only, as few as the workflows in flight), then
--- job_parent_idx for each one's children.
+-- their final attempt's children still active. Index: job_waiting_parent_idx (partial on
+-- waiting parents only, as few as the workflows in flight), then job_parent_idx for each one's
+-- children.
 SELECT w.id FROM django_jobs_job w
 WHERE w.state = 'waiting' AND w.attempt > 0
   AND NOT EXISTS (
@@ -210,8 +210,8 @@ LIMIT %(limit)s
 -- to wait for (every dependency done, or it has none), or a dependency that ended in error or
 -- was cancelled. The reaper reads one page per pass and goes on from there the next pass
 -- (workflows.repair), so a pass costs the page, not the table's backlog of waiting jobs.
--- Index: job_waiting_attempt_idx (attempt, id), partial on waiting; for each job of the page,
--- dependency_unique (job_id, ...) and the primary key of its dependencies, one lookup each.
+-- Index: job_waiting_dependent_idx (id, partial on waiting with attempt 0); for each job of the
+-- page, dependency_unique (job_id, ...) and the primary key of its dependencies, one lookup each.
 SELECT w.id, coalesce(v.all_done, true) OR coalesce(v.failed, false) AS unsettled
 FROM (
     SELECT w.id FROM django_jobs_job w
