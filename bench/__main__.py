@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench")
     parser.add_argument("--db-prefix", default="bench_")
+    parser.add_argument(
+        "--scale-10m",
+        action="store_true",
+        help="the scale part goes on to 10,000,000 rows (its fill alone takes minutes)",
+    )
     parser.add_argument("--drop", action="store_true", help="drop the bench databases at the end")
     parser.add_argument(
         "--render", type=Path, metavar="RESULTS_JSON", help="only print the tables of a past run"
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(server=server, out=args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     profile = smoke() if args.smoke else standard(args.repetitions, args.full)
+    if args.scale_10m:
+        profile = dataclasses.replace(profile, scale_sizes=(*profile.scale_sizes, 10_000_000))
     systems = all_systems()
     skipped = {key: reason for key, s in systems.items() if (reason := s.unavailable())}
     available = {key: s for key, s in systems.items() if key not in skipped}

@@ -144,6 +144,19 @@ def targets(results: dict[str, Any]) -> list[Target]:
                 value <= 1.5,
             )
         )
+        flat = scale.get("flat")
+        if flat:
+            worst = max(flat["ratios"], key=flat["ratios"].get)
+            value = flat["ratios"][worst]
+            found.append(
+                Target(
+                    f"Buffers flat from {flat['from_rows']:,} to {flat['to_rows']:,} rows: the"
+                    " reaper pass and every claim case (ratio ≤ 1.5)",
+                    value,
+                    f"{value:.2f}x at most ({worst})",
+                    flat["flat"],
+                )
+            )
     return found
 
 
@@ -278,6 +291,7 @@ def markdown(results: dict[str, Any]) -> str:
                 "buffers touched",
                 "index used",
                 "reaper pass",
+                "reaper buffers",
             ],
             [
                 [
@@ -287,6 +301,7 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{row['claim_buffers']:.0f}",
                     "yes" if row["claim_uses_index"] else "**no**",
                     f"{1000 * row['reaper_s']:.1f} ms",
+                    f"{row.get('reaper_buffers', 0):.0f}",
                 ]
                 for row in scale["sizes"]
             ],
@@ -300,14 +315,23 @@ def markdown(results: dict[str, Any]) -> str:
                 " `EXPLAIN (ANALYZE, BUFFERS)` counts for the function and its inner statements.",
                 "",
             ]
+            sizes = scale["sizes"]
+            earlier = sizes[-2].get("controls", {}) if len(sizes) > 1 else {}
             out += _table(
-                ["case", "claim (client)", "p90", "buffers touched"],
+                [
+                    "case",
+                    "claim (client)",
+                    "p90",
+                    "buffers touched",
+                    f"buffers at {sizes[-2]['rows']:,} rows" if earlier else "",
+                ],
                 [
                     [
                         name,
                         f"{1000 * case['claim_s']:.2f} ms",
                         f"{1000 * case['claim_p90_s']:.2f} ms",
                         f"{case['claim_buffers']:.0f}",
+                        f"{earlier[name]['claim_buffers']:.0f}" if name in earlier else "",
                     ]
                     for name, case in controls["cases"].items()
                 ],

@@ -9,10 +9,17 @@ the tables are vacuumed and analysed, as autovacuum would. At each size:
   is rolled back so that every run sees the same table: the median round trip as the client
   sees it, and the median execution time and buffers touched that ``EXPLAIN (ANALYZE,
   BUFFERS)`` reports, with its plan (buffers do not depend on the machine's load);
-- a reaper pass (``django_jobs.reaper.reap_pass``) over a few running jobs whose worker is alive;
-- at the largest size, the claim function (``call_claim``) under queue controls and concurrency
-  limits (``_CONTROLS``), against the same claim with none: its round trip and the buffers
-  ``EXPLAIN (ANALYZE, BUFFERS)`` counts for it (the function's inner statements included).
+- a reaper pass (``django_jobs.reaper.reap_pass``) over a few running jobs whose worker is alive:
+  its time, and the buffers it touched (every block of django-jobs' tables and indexes the pass
+  read, counted by PostgreSQL for its transaction, which is rolled back);
+- at the two largest sizes, the claim function (``call_claim``) under queue controls and
+  concurrency limits (``_CONTROLS``), against the same claim with none: its round trip and the
+  buffers ``EXPLAIN (ANALYZE, BUFFERS)`` counts for it (the function's inner statements
+  included).
+
+``flat`` compares the two largest sizes: the ratio of buffers of the reaper pass and of each claim
+case, which should stay within ``FLAT`` (1.5). A size of 10,000,000 is optional (``--sizes
+1000,1000000,10000000``); bench/README.md gives its fill time.
 
 The admin changelist and the operations views at a million rows are measured by
 ``bench/admin_pages.py`` and ``bench/views_cost.py``.
@@ -33,6 +40,8 @@ from bench.systems.ours import Ours
 
 READY_POOL = 300
 RUNNING = 20
+#: The largest ratio of buffers, from the second largest size to the largest, that counts as flat.
+FLAT = 1.5
 
 # Rows beyond the ready pool, by g mod 100: what a long-lived queue table holds.
 _FILL = """
@@ -117,19 +126,22 @@ def run(ctx: Context, sizes: Sequence[int], claims: int, progress: Any = print) 
             str(claims),
         ],
         env,
-        timeout=900,
+        # About a minute a million rows to fill, on a small machine; the rest is the probe's.
+        timeout=900 + max(sizes) // 5_000,
     )
     for row in result["sizes"]:
         progress(
             f"  scale      {row['rows']:>9,} rows: claim {1000 * row['claim_s']:6.2f} ms"
             f" (server {1000 * row['claim_server_s']:5.2f} ms),"
-            f" reaper pass {1000 * row['reaper_s']:6.1f} ms"
+            f" reaper pass {1000 * row['reaper_s']:6.1f} ms, {row['reaper_buffers']} buffers"
         )
-    for name, case in result["controls"]["cases"].items():
-        progress(
-            f"  scale      claim with {name}: {1000 * case['claim_s']:6.2f} ms,"
-            f" {case['claim_buffers']:.0f} buffers"
-        )
+        for name, case in row.get("controls", {}).items():
+            progress(
+                f"  scale      {row['rows']:>9,} rows: claim with {name}:"
+                f" {1000 * case['claim_s']:6.2f} ms, {case['claim_buffers']:.0f} buffers"
+            )
+    for name, ratio in result["flat"]["ratios"].items():
+        progress(f"  scale      buffers ratio, {name}: {ratio:.2f}x")
     return result
 
 
@@ -153,6 +165,7 @@ def _grow(conn: Any, rows_now: int, target: int) -> float:
     conn.autocommit = True
     conn.execute("VACUUM ANALYZE django_jobs_job")
     conn.execute("VACUUM ANALYZE django_jobs_attempt")
+    conn.execute("VACUUM ANALYZE django_jobs_dependency")
     conn.autocommit = False
     return time.perf_counter() - start
 
@@ -285,8 +298,12 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
             )
             cursor.execute("DELETE FROM django_jobs_queue")
         conn.commit()
-        conn.autocommit = True  # as autovacuum would, before the next case
-        conn.execute("VACUUM ANALYZE django_jobs_job")
+        # Before the next case (and the next size), the case's own rows leave no trace: the
+        # index entries of its 10,000 deleted jobs go too. A plain VACUUM skips the indexes
+        # when the dead rows are on few of the table's pages (under 2 %, so always at millions
+        # of rows), and the next cases would then read those dead entries of job_claim_key_idx.
+        conn.autocommit = True
+        conn.execute("VACUUM (ANALYZE, INDEX_CLEANUP ON) django_jobs_job")
         conn.autocommit = False
         if claimed_held:
             raise RuntimeError(f"{name}: a claim took a paused queue's or a full key's job")
@@ -298,7 +315,36 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
     return results
 
 
-def _measure_reaper(passes: int = 5) -> float:
+# Every block of django-jobs' tables and indexes that the current transaction has read (hits
+# and reads): what a reaper pass touched, whatever the machine's load.
+_BLOCKS_READ = r"""
+SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::bigint FROM pg_class c
+WHERE c.relname LIKE 'django\_jobs\_%' AND c.relkind IN ('r', 'i')
+"""
+
+
+def reaper_buffers() -> int:
+    """The buffers one reaper pass touches: the pass runs in a transaction that is rolled back,
+    and PostgreSQL counts the blocks that transaction read of django-jobs' tables and indexes."""
+    from django.db import connection, transaction
+
+    from django_jobs.reaper import reap_pass
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_BLOCKS_READ)
+            before = cursor.fetchone()[0]
+        report = reap_pass()
+        with connection.cursor() as cursor:
+            cursor.execute(_BLOCKS_READ)
+            after = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    if report.reaped:
+        raise RuntimeError("the reaper reaped jobs of a live worker")
+    return int(after - before)
+
+
+def _measure_reaper(passes: int = 5) -> dict[str, Any]:
     from django_jobs.reaper import reap_pass
 
     times = []
@@ -308,7 +354,10 @@ def _measure_reaper(passes: int = 5) -> float:
         times.append(time.perf_counter() - start)
         if report.reaped:
             raise RuntimeError("the reaper reaped jobs of a live worker")
-    return median(times)
+    return {
+        "reaper_s": median(times),
+        "reaper_buffers": median([reaper_buffers() for _ in range(passes)]),
+    }
 
 
 def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
@@ -321,6 +370,7 @@ def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
     conn = psycopg.connect(**params)
     rows_now = 0
     results = []
+    controlled = set(sorted(sizes)[-2:])
     for size in sizes:
         fill_s = _grow(conn, rows_now, size)
         rows_now = conn.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
@@ -333,23 +383,53 @@ def probe(sizes: Sequence[int], claims: int) -> dict[str, Any]:
                 "rows": rows_now,
                 "fill_s": fill_s,
                 **_measure_claim(conn, claims),
-                "reaper_s": _measure_reaper(),
+                **_measure_reaper(),
             }
         )
-    controls = _measure_controls(conn, claims)
+        if size in controlled:
+            results[-1]["controls"] = _measure_controls(conn, claims)
     conn.close()
     first, last = results[0], results[-1]
     return {
         "sizes": results,
-        "controls": {"rows": last["rows"], "cases": controls},
+        "controls": {"rows": last["rows"], "cases": last["controls"]},
         "claim_ratio": last["claim_s"] / first["claim_s"],
         "claim_server_ratio": last["claim_server_s"] / first["claim_server_s"],
+        "flat": flatness(results),
+    }
+
+
+def flatness(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ratio of buffers from the second largest size to the largest, of the plain claim, the
+    reaper pass and each claim case; flat when each is within ``FLAT``."""
+    before, after = (results[-2], results[-1]) if len(results) > 1 else (results[0], results[0])
+
+    def ratio(old: float, new: float) -> float:
+        return new / max(old, 1)
+
+    ratios = {
+        "claim": ratio(before["claim_buffers"], after["claim_buffers"]),
+        "reaper pass": ratio(before["reaper_buffers"], after["reaper_buffers"]),
+    }
+    for name, case in after.get("controls", {}).items():
+        old = before.get("controls", {}).get(name)
+        if old is not None:
+            ratios[f"claim with {name}"] = ratio(old["claim_buffers"], case["claim_buffers"])
+    return {
+        "from_rows": before["rows"],
+        "to_rows": after["rows"],
+        "ratios": ratios,
+        "flat": all(value <= FLAT for value in ratios.values()),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scale")
-    parser.add_argument("--sizes", default="1000,100000,1000000")
+    parser.add_argument(
+        "--sizes",
+        default="1000,100000,1000000",
+        help="table sizes, in rows, in increasing order; 10000000 is the optional largest",
+    )
     parser.add_argument("--claims", type=int, default=200)
     args = parser.parse_args(argv)
     django_setup()

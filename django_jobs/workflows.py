@@ -330,6 +330,11 @@ class _Unsettled(NamedTuple):
     id: int
 
 
+class _WaitingDependent(NamedTuple):
+    id: int
+    unsettled: bool
+
+
 class _Upstream(NamedTuple):
     depends_on_id: int
 
@@ -340,11 +345,50 @@ class _StrayParent(NamedTuple):
     state: str
 
 
-def repair(cursor: Cursor, limit: int = 1000) -> list[int]:
-    """Settle what a crash left unsettled: waiting jobs with nothing left to wait for, and
-    children of attempts that did not succeed. Returns the ids of the jobs it looked at."""
-    unsettled = db.execute(cursor, query("unsettled"), {"limit": limit})
+#: How many jobs waiting for dependencies one repair pass looks at (a page, in id order): a pass
+#: costs this page, however many jobs wait. With more waiting than that, the next passes go on
+#: where this one stopped, so each waiting job is looked at once every ``waiting / REPAIR_PAGE``
+#: passes.
+REPAIR_PAGE = 500
+
+
+class _Sweep:
+    """Where the repair's walk through waiting dependents stands: the last id it looked at (0:
+    from the start). Kept by the process; a new one starts from the first waiting job."""
+
+    after: int = 0
+
+
+_sweep = _Sweep()
+
+
+def _waiting_dependents(cursor: Cursor, page: int) -> list[_WaitingDependent]:
+    """The next ``page`` jobs waiting for dependencies after where the sweep stands, going on
+    from the first one when it reaches the last (each at most once a call)."""
+    start = _sweep.after
+    params = {"after": start, "until": None, "limit": page}
+    rows = db.fetch_all_as(
+        db.execute(cursor, query("unsettled_dependents"), params), _WaitingDependent
+    )
+    if len(rows) < page and start > 0:
+        params = {"after": 0, "until": start, "limit": page - len(rows)}
+        more = db.execute(cursor, query("unsettled_dependents"), params)
+        wrapped = db.fetch_all_as(more, _WaitingDependent)
+        rows += wrapped
+        _sweep.after = wrapped[-1].id if len(wrapped) == params["limit"] else 0
+    else:
+        _sweep.after = rows[-1].id if len(rows) == page else 0
+    return rows
+
+
+def repair(cursor: Cursor, limit: int = 1000, page: int = REPAIR_PAGE) -> list[int]:
+    """Settle what a crash left unsettled: waiting parents with no active child left (up to
+    ``limit``), waiting dependents with nothing left to wait for (looked for in a page of
+    ``page`` of them, see :data:`REPAIR_PAGE`), and children of attempts that did not succeed
+    (up to ``limit``). Returns the ids of the jobs it looked at."""
+    unsettled = db.execute(cursor, query("unsettled_parents"), {"limit": limit})
     stuck = [row.id for row in db.fetch_all_as(unsettled, _Unsettled)]
+    stuck += sorted(row.id for row in _waiting_dependents(cursor, page) if row.unsettled)
     settling = Settling()
     for job_id in stuck:
         job = _job(cursor, job_id)

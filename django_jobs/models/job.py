@@ -190,6 +190,31 @@ class Job(models.Model):
             models.Index(
                 "worker_id", name="job_running_worker_idx", condition=Q(state=State.RUNNING)
             ),
+            # The reaper's repair (workflows.repair): waiting parents (attempt > 0), as few as
+            # the workflows in flight, and waiting dependents (attempt 0) a page at a time in id
+            # order, so that a pass reads a bounded slice of them, not every waiting job. Each
+            # predicate is the statement's own, so that the planner knows how few rows match.
+            models.Index(
+                "id",
+                name="job_waiting_parent_idx",
+                condition=Q(state=State.WAITING, attempt__gt=0),
+            ),
+            models.Index(
+                "id",
+                name="job_waiting_dependent_idx",
+                condition=Q(state=State.WAITING, attempt=0),
+            ),
+            # The reaper's stray_children: active children of a recorded attempt, by parent. Only
+            # those are in it, so a pass does not walk the finished children of every workflow.
+            models.Index(
+                "parent",
+                name="job_active_child_idx",
+                condition=Q(
+                    parent__isnull=False,
+                    parent_attempt__isnull=False,
+                    state__in=[State.WAITING, State.PENDING],
+                ),
+            ),
             # The django_jobs_queue_summary view: waiting jobs per queue, oldest first.
             models.Index(
                 "queue", "created_at", name="job_waiting_idx", condition=Q(state=State.WAITING)

@@ -106,6 +106,7 @@ _BRANCH_MARKS = {
     "claim_one_queue": "queue = v_queues[1]",
     "claim_some_queues": "queue = ANY(v_queues)",
     "claim_keyed_job": "id = v_keyed.id",
+    "claim_free_job": "v_free.queue",
 }
 
 #: The function's arguments and variables that the branches read, and the parameter each
@@ -116,6 +117,7 @@ _PARAMETERS = (
     ("v_queues[1]", "%(queue)s"),
     ("v_queues", "%(queues)s"),
     ("v_keyed.id", "%(job_id)s"),
+    ("v_free.queue", "%(queue)s"),
 )
 
 
@@ -123,8 +125,9 @@ def claim_branch(name: str) -> str:
     """The branch ``name`` of the claim function, as the statement it runs, with the function's
     variables made parameters (``%(worker_id)s``, ``%(skip_tasks)s``, and ``%(queue)s``,
     ``%(queues)s`` or ``%(job_id)s``): ``claim_any_queue``, ``claim_one_queue``,
-    ``claim_some_queues`` or ``claim_keyed_job`` (the claim of a keyed candidate, once its key's
-    slot is secured). For reading its plan: the worker runs the function."""
+    ``claim_some_queues``, ``claim_keyed_job`` (the claim of a keyed candidate, once its key's
+    slot is secured) or ``claim_free_job`` (the claim of a candidate without a key, from its
+    queue, under queue controls). For reading its plan: the worker runs the function."""
     branches = re.findall(r"RETURN QUERY\n(.*?)\n;", query(CLAIM_FUNCTION), re.S)
     if name == "claim_any_queue":
         # The one branch that reads none of the function's own variables.

@@ -400,11 +400,7 @@ def test_the_claim_statements_are_the_branches_of_the_claim_function() -> None:
         one_queue.replace("%(queue)s", "v_queues[1]"),
         _words(store.claim_branch("claim_some_queues")).replace("%(queues)s", "v_queues"),
         _words(store.claim_branch("claim_keyed_job")).replace("%(job_id)s", "v_keyed.id"),
-        # The claim of the candidate without a key: claim_one_queue on the candidate's queue,
-        # without the guard, since it runs on the longer way, once the controls are read.
-        _words(_GUARD.sub("", store.claim_branch("claim_one_queue"))).replace(
-            "%(queue)s", "v_free.queue"
-        ),
+        _words(store.claim_branch("claim_free_job")).replace("%(queue)s", "v_free.queue"),
     ]
 
 

@@ -190,29 +190,49 @@ SELECT state, parent_id, attempt, task FROM django_jobs_job WHERE id = %(job_id)
 -- The jobs one job depends on. Index: dependency_unique (job_id, ...).
 SELECT depends_on_id FROM django_jobs_dependency WHERE job_id = %(job_id)s
 
--- name: unsettled
--- Jobs a crash may have left unsettled: waiting with nothing left to wait for. Index: a scan of
--- waiting jobs (few, normally), with the same subqueries as above per row.
+-- name: unsettled_parents
+-- Parents a crash may have left unsettled: waiting for children (attempt > 0) with none of
+-- their final attempt's children still active. Index: job_waiting_parent_idx (partial on
+-- waiting parents only, as few as the workflows in flight), then job_parent_idx for each one's
+-- children.
 SELECT w.id FROM django_jobs_job w
-WHERE w.state = 'waiting' AND (
-    (w.attempt > 0 AND NOT EXISTS (
-        SELECT 1 FROM django_jobs_job c
-        WHERE c.parent_id = w.id AND c.state IN ('waiting', 'pending', 'running')
-          AND (c.parent_attempt IS NULL OR c.parent_attempt = w.attempt)))
-    OR (w.attempt = 0 AND NOT EXISTS (
-        SELECT 1 FROM django_jobs_dependency d JOIN django_jobs_job dj ON dj.id = d.depends_on_id
-        WHERE d.job_id = w.id AND dj.state <> 'done'))
-    OR (w.attempt = 0 AND EXISTS (
-        SELECT 1 FROM django_jobs_dependency d JOIN django_jobs_job dj ON dj.id = d.depends_on_id
-        WHERE d.job_id = w.id AND dj.state IN ('error', 'cancelled')))
-)
+WHERE w.state = 'waiting' AND w.attempt > 0
+  AND NOT EXISTS (
+    SELECT 1 FROM django_jobs_job c
+    WHERE c.parent_id = w.id AND c.state IN ('waiting', 'pending', 'running')
+      AND (c.parent_attempt IS NULL OR c.parent_attempt = w.attempt))
 ORDER BY w.id
 LIMIT %(limit)s
+
+-- name: unsettled_dependents
+-- A page of the jobs waiting for dependencies (attempt 0), in id order after a key and up to
+-- another (NULL: no bound), each with whether a crash may have left it unsettled: nothing left
+-- to wait for (every dependency done, or it has none), or a dependency that ended in error or
+-- was cancelled. The reaper reads one page per pass and goes on from there the next pass
+-- (workflows.repair), so a pass costs the page, not the table's backlog of waiting jobs.
+-- Index: job_waiting_dependent_idx (id, partial on waiting with attempt 0); for each job of the
+-- page, dependency_unique (job_id, ...) and the primary key of its dependencies, one lookup each.
+SELECT w.id, coalesce(v.all_done, true) OR coalesce(v.failed, false) AS unsettled
+FROM (
+    SELECT w.id FROM django_jobs_job w
+    WHERE w.state = 'waiting' AND w.attempt = 0 AND w.id > %(after)s
+      AND (%(until)s::bigint IS NULL OR w.id <= %(until)s::bigint)
+    ORDER BY w.id
+    LIMIT %(limit)s
+) w
+CROSS JOIN LATERAL (
+    SELECT bool_and(dj.state = 'done') AS all_done,
+           bool_or(dj.state IN ('error', 'cancelled')) AS failed
+    FROM django_jobs_dependency d JOIN django_jobs_job dj ON dj.id = d.depends_on_id
+    WHERE d.job_id = w.id
+) v
+ORDER BY w.id
 
 -- name: stray_children
 -- Children that a crash may have left running after their parent's attempt failed: active
 -- children of an attempt that is over (the parent has ended for good, or is on a later
--- attempt). Index: job_parent_idx, from the parents' side.
+-- attempt). Index: job_active_child_idx (partial: active children of a recorded attempt only, so
+-- a pass does not walk the finished children of every workflow), then the parents' primary key.
 SELECT DISTINCT p.id AS parent_id, p.attempt, p.state FROM django_jobs_job p
 JOIN django_jobs_job c ON c.parent_id = p.id
 WHERE c.state IN ('waiting', 'pending') AND c.parent_attempt IS NOT NULL

@@ -1,13 +1,8 @@
 -- transition: claim
--- The worker's claim (call_claim of claim.sql, which explains the statement). First, one
--- statement: the branch claim_any_queue, claim_one_queue or claim_some_queues (store.claim_branch
--- reads each out of this file, for its plan), whose guard lets it claim only while none of the
--- worker's queues is paused or limited and no job with a concurrency key waits. The guard is a
--- one-time filter, checked before the statement reads or locks any job; it reads the queue table
--- (a row per paused or limited queue) and job_claim_key_idx, which are empty when no controls are
--- in use, so that the common claim is one statement, as the worker's round trip is one.
--- When that statement claims nothing (no job is ready, or the guard is false), the longer way
--- (queues/controls.py explains the rules):
+-- The worker's claim (call_claim of claim.sql, which explains the statement). With no queue
+-- paused or limited and no job with a concurrency key waiting, one statement: the branch
+-- claim_any_queue, claim_one_queue or claim_some_queues (store.claim_branch reads each out of
+-- this file, for its plan). Otherwise (queues/controls.py explains the rules):
 --   1. the queue controls: paused queues are closed; each limited queue is locked (an
 --      advisory lock held until the claim commits, taken in name order) and then its running
 --      jobs counted, so claims that might take its last slot take turns and each counts what
@@ -19,11 +14,14 @@
 --   3. the earlier of the two is claimed. A keyed job only once its key's advisory lock is
 --      taken (a try: a key being claimed by another worker is passed over, never waited for)
 --      and, in a new statement that sees every claim committed before, its key still has a free
---      slot (the branch claim_keyed_job); a job without a key as claim_one_queue does, on its
---      queue. The one row is locked with SKIP LOCKED as always. A job or key passed over is
---      left out and step 2 runs again, at most ten times.
--- Version 5 read the controls first, in two statements of their own, on every claim.
--- Made by 0020_claim_in_one_statement.
+--      slot (the branch claim_keyed_job); a job without a key from its queue's own part of
+--      job_claim_free_queue_idx. The one row is locked with SKIP LOCKED as always. A job or key
+--      passed over is left out and step 2 runs again, at most ten times.
+-- The job without a key is claimed with its queue matched as a range, in the order of
+-- job_claim_free_queue_idx, for the reason given in django_jobs_keyed_candidate: with = and a
+-- queue that holds most pending jobs, the planner may walk job_claim_free_idx instead and
+-- filter on the queue, through every job of a paused or full queue that sorts ahead.
+-- Made by 0013_queue_controls; version 6 (the free claim's range) by 0019_reaper_and_claim_scale.
 CREATE OR REPLACE FUNCTION django_jobs_claim(p_worker_id text, p_queues text[], p_skip_tasks text[])
 RETURNS TABLE (
     id bigint, task varchar, queue varchar, args text, kwargs text, attempt integer,
@@ -42,95 +40,6 @@ DECLARE
     v_running bigint;
     v_round integer := 0;
 BEGIN
-    IF v_queues IS NULL THEN
-        RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-      AND NOT EXISTS (SELECT FROM django_jobs_queue q
-                      WHERE (q.paused OR q.concurrency_limit IS NOT NULL))
-      AND NOT EXISTS (SELECT FROM django_jobs_job k
-                      WHERE k.state = 'pending' AND k.concurrency_key IS NOT NULL)
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-    ELSIF cardinality(v_queues) = 1 THEN
-        RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = v_queues[1]
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-      AND NOT EXISTS (SELECT FROM django_jobs_queue q
-                      WHERE (q.paused OR q.concurrency_limit IS NOT NULL) AND q.name = v_queues[1])
-      AND NOT EXISTS (SELECT FROM django_jobs_job k
-                      WHERE k.state = 'pending' AND k.concurrency_key IS NOT NULL)
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-    ELSE
-        RETURN QUERY
-WITH claimed AS (
-    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
-                     started_at = now(), finished_at = NULL, cancel_requested = false,
-                     lease = gen_random_uuid()
-    WHERE id = (
-        SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = ANY(v_queues)
-          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AND state = 'pending'
-      AND NOT EXISTS (SELECT FROM django_jobs_queue q
-                      WHERE (q.paused OR q.concurrency_limit IS NOT NULL) AND q.name = ANY(v_queues))
-      AND NOT EXISTS (SELECT FROM django_jobs_job k
-                      WHERE k.state = 'pending' AND k.concurrency_key IS NOT NULL)
-    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
-              parent_id, lease
-), opened AS (
-    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
-                           lease)
-    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
-    RETURNING id
-)
-SELECT claimed.*, opened.id FROM claimed, opened
-;
-    END IF;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-
     SELECT coalesce(array_agg(q.name ORDER BY q.name) FILTER (WHERE q.paused), '{}'),
            coalesce(array_agg(q.name ORDER BY q.name) FILTER (WHERE NOT q.paused), '{}')
     INTO v_closed, v_limited
@@ -147,6 +56,85 @@ SELECT claimed.*, opened.id FROM claimed, opened
                 SELECT count(*) FROM django_jobs_job r WHERE r.state = 'running' AND r.queue = q.name
             )
         );
+    END IF;
+
+    IF cardinality(v_closed) = 0 AND NOT EXISTS (
+        SELECT 1 FROM django_jobs_job k WHERE k.state = 'pending' AND k.concurrency_key IS NOT NULL
+    ) THEN
+        IF v_queues IS NULL THEN
+            RETURN QUERY
+WITH claimed AS (
+    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
+                     started_at = now(), finished_at = NULL, cancel_requested = false,
+                     lease = gen_random_uuid()
+    WHERE id = (
+        SELECT id FROM django_jobs_job
+        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL
+          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AND state = 'pending'
+    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
+              parent_id, lease
+), opened AS (
+    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
+                           lease)
+    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
+    RETURNING id
+)
+SELECT claimed.*, opened.id FROM claimed, opened
+;
+        ELSIF cardinality(v_queues) = 1 THEN
+            RETURN QUERY
+WITH claimed AS (
+    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
+                     started_at = now(), finished_at = NULL, cancel_requested = false,
+                     lease = gen_random_uuid()
+    WHERE id = (
+        SELECT id FROM django_jobs_job
+        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = v_queues[1]
+          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AND state = 'pending'
+    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
+              parent_id, lease
+), opened AS (
+    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
+                           lease)
+    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
+    RETURNING id
+)
+SELECT claimed.*, opened.id FROM claimed, opened
+;
+        ELSE
+            RETURN QUERY
+WITH claimed AS (
+    UPDATE django_jobs_job SET state = 'running', attempt = attempt + 1, worker_id = p_worker_id,
+                     started_at = now(), finished_at = NULL, cancel_requested = false,
+                     lease = gen_random_uuid()
+    WHERE id = (
+        SELECT id FROM django_jobs_job
+        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = ANY(v_queues)
+          AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AND state = 'pending'
+    RETURNING id, task, queue, args::text, kwargs::text, attempt, max_attempts, timeout,
+              parent_id, lease
+), opened AS (
+    INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at, outcome, error, traceback,
+                           lease)
+    SELECT id, attempt, p_worker_id, now(), 'running', '', '', lease FROM claimed
+    RETURNING id
+)
+SELECT claimed.*, opened.id FROM claimed, opened
+;
+        END IF;
+        RETURN;
     END IF;
 
     LOOP
@@ -207,9 +195,10 @@ WITH claimed AS (
                      lease = gen_random_uuid()
     WHERE id = (
         SELECT id FROM django_jobs_job
-        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL AND queue = v_free.queue
+        WHERE state = 'pending' AND run_after <= now() AND concurrency_key IS NULL
+          AND queue >= v_free.queue AND queue <= v_free.queue
           AND (p_skip_tasks::text[] IS NULL OR task <> ALL(p_skip_tasks::text[]))
-        ORDER BY priority DESC, run_after, id
+        ORDER BY queue, priority DESC, run_after, id
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED
     ) AND state = 'pending'
