@@ -46,6 +46,7 @@ from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
 from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.round_trip import RoundTrip
 from django_jobs.worker.runs import Runs
 from django_jobs.worker.signals import WakeSocket
 from django_jobs.worker.slots import Reported, Slot
@@ -110,9 +111,12 @@ class Supervisor:
         self.install_signals = install_signals
         self.observer = observer or Observer()
         alias = conf.database_alias()
+        round_trip = None
         if db is None:
             connection = QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
             db, duties = PostgresQueue(connection), PostgresDuties(connection)
+            # Finishes are sent while the loop serves the other executors (round_trip.py).
+            round_trip = RoundTrip()
         self.db: Queue = db
         self.duties = duties
         self.pool = pool or ExecutorPool(concurrency, observer=self.observer)
@@ -124,7 +128,7 @@ class Supervisor:
         self.info = this_worker(self.worker_id, self.name, self.queues, concurrency)
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
-        self.gate = QueueGate(self.db)
+        self.gate = QueueGate(self.db, round_trip)
         self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
@@ -179,6 +183,11 @@ class Supervisor:
                 self._step()
             return 1 if self.hard_stop else 0
         finally:
+            # A finish in flight ends first; a job it claimed is released (we are stopping).
+            self.stopping = True
+            self.gate.close()
+            if not self.hard_stop:
+                self.outbox.flush()
             self.pool.shutdown(force=self.hard_stop)
             if not self.hard_stop:
                 self.gate.call("unregister", lambda: self.db.unregister(self.worker_id))
@@ -291,7 +300,12 @@ class Supervisor:
         return self.pool.free_slot() if self.queue_may_have_work and self._can_claim() else None
 
     def _fill_slots(self) -> None:
-        while self.queue_may_have_work and self._can_claim():
+        # While a finish is in flight, its claim is for a slot that still looks free: the next
+        # claims wait for it. A finish owed goes first (one a heartbeat waited for may have just
+        # freed the connection): it claims for a slot in the same round trip.
+        if self.outbox:
+            self.outbox.flush()
+        while self.queue_may_have_work and self._can_claim() and not self.gate.busy:
             slot = self.pool.free_slot()
             if slot is None:
                 return
@@ -342,6 +356,11 @@ class Supervisor:
             self.queue_may_have_work = False
             self.next_poll = time.monotonic() + self._poll_interval_now()
             return True
+        if self.stopping or slot.busy or not any(s is slot for s in self.pool.slots):
+            # Claimed with a finish that was in flight when the worker began to stop (or the
+            # slot's executor was replaced meanwhile): the job goes back without running.
+            self.writes.release(job.lease, self.log.fields(job), "released: worker stopping")
+            return False
         if not registry.runs_here(job.task):
             # Never hand an executor a name it would have to import. A worker that has the task
             # may exist (a rolling deploy): hand the job back without counting the attempt.
@@ -369,7 +388,7 @@ class Supervisor:
         if self._can_claim():
             if not self.queue_may_have_work:
                 moments.append(self.next_poll)
-            elif self.pool.free_slot() is not None:
+            elif self.pool.free_slot() is not None and not self.gate.busy:
                 moments.append(now)
         write_due = self.outbox.next_due()
         if write_due is not None:
@@ -388,7 +407,12 @@ class Supervisor:
     def _wait(self, timeout: float) -> None:
         listen_fd = self.wakeup.fileno() if self.wakeup is not None else None
         wake = self.wake.reader
-        ready = self.pool.wait([wake] if listen_fd is None else [wake, listen_fd], timeout)
+        others: list[Any] = [wake] if listen_fd is None else [wake, listen_fd]
+        round_trip_fd = self.gate.fileno()
+        if round_trip_fd is not None and self.gate.busy:
+            others.append(round_trip_fd)
+        ready = self.pool.wait(others, timeout)
+        self.gate.collect()  # the finish in flight, if it is back: start the job it claimed
         if self.wakeup is not None and listen_fd in ready:
             if self.wakeup.drain():
                 self.queue_may_have_work = True
