@@ -82,6 +82,10 @@ class Outbox:
             self.unwritten.add(write.job_id)
         self.writes.append(write)
 
+    def finishes(self) -> int:
+        """How many of the writes owed are finishes, each with a claim for a free slot."""
+        return sum(1 for write in self.writes if write.send is not None)
+
     def next_due(self) -> float | None:
         """When (monotonic) the soonest write is due, if there is one."""
         return min((write.backoff.retry_at for write in self.writes), default=None)

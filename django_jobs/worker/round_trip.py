@@ -23,9 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+#: Seconds a thread that waits for the GIL lets the other one run (sys.setswitchinterval).
+SWITCH_INTERVAL = 0.0005
 
 #: What handles a call's end, on the loop's thread: its result, or the exception it raised.
 Handler = Callable[[Any, BaseException | None], None]
@@ -56,6 +60,10 @@ class RoundTrip:
         """Make ``fn()`` on the thread; ``handler`` gets its end in :meth:`collect`."""
         assert self._handler is None, "one call in flight at a time"
         if self._thread is None:
+            # On a busy worker the loop's thread runs most of the time: after the server's
+            # reply, this thread would wait up to the default 5 ms for the GIL (the loop's
+            # thread gives it up only when asked to that long), several round trips' worth.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
             self._thread = threading.Thread(
                 target=self._serve, name="django-jobs-round-trip", daemon=True
             )

@@ -300,15 +300,22 @@ class Supervisor:
         return self.pool.free_slot() if self.queue_may_have_work and self._can_claim() else None
 
     def _fill_slots(self) -> None:
-        # While a finish is in flight, its claim is for a slot that still looks free: the next
-        # claims wait for it. A finish owed goes first (one a heartbeat waited for may have just
-        # freed the connection): it claims for a slot in the same round trip.
+        # A finish owed goes first (one a heartbeat waited for may have just freed the
+        # connection): it claims for a free slot in the same round trip.
         if self.outbox:
             self.outbox.flush()
-        while self.queue_may_have_work and self._can_claim() and not self.gate.busy:
+        while self.queue_may_have_work and self._can_claim():
             slot = self.pool.free_slot()
             if slot is None:
                 return
+            if self.gate.busy:
+                # The finish in flight claims for a slot that still looks free, and each finish
+                # owed will claim for another: wait for the round trip (not to claim for one of
+                # those slots) only if more slots are free than that (at start, say).
+                if self.pool.free_slots() <= self.outbox.finishes():
+                    return
+                self.gate.settle()
+                continue
             # Tasks declared for workers of the HTTP API are never claimed here.
             skip = [*self.unknown_tasks.skip(), *registry.remote_names()]
             wait = self._claim_wait()
@@ -390,7 +397,8 @@ class Supervisor:
                 moments.append(self.next_poll)
             elif self.pool.free_slot() is not None and not self.gate.busy:
                 moments.append(now)
-        write_due = self.outbox.next_due()
+        # While a write is in flight, the others wait for it: its end wakes the loop.
+        write_due = None if self.gate.busy else self.outbox.next_due()
         if write_due is not None:
             moments.append(max(self.gate.retry_at, write_due))
         elif now < self.gate.retry_at:
