@@ -183,15 +183,16 @@ class Supervisor:
                 self._step()
             return 1 if self.hard_stop else 0
         finally:
-            # A finish in flight ends first; a job it claimed is released (we are stopping).
-            self.stopping = True
-            self.gate.close()
             if not self.hard_stop:
+                # A finish in flight ends first; a job it claimed is released (we are stopping).
+                self.stopping = True
+                self.gate.close()
                 self.outbox.flush()
             self.pool.shutdown(force=self.hard_stop)
             if not self.hard_stop:
                 self.gate.call("unregister", lambda: self.db.unregister(self.worker_id))
-            self.db.close()
+            if not self.gate.busy:  # else exiting now: the process's end closes it
+                self.db.close()
             if self.wakeup is not None:
                 self.wakeup.close()
             if previous_handlers:
