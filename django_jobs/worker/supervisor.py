@@ -4,9 +4,11 @@ It owns a single PostgreSQL connection (autocommit, so every statement is its ow
 transaction) for claims, finishes, releases and heartbeats, and hands claimed jobs to a pool of
 executor processes over pipes. No transaction is open and no lock is held while a job runs.
 
-One loop, no threads: wait on the executors' pipes and process sentinels, a signal wake-up
-socket and a timer; then react. Writes that fail because the database is away are kept in an
-outbox and retried with backoff, so a finished job's result survives a database restart.
+One loop: wait on the executors' pipes and process sentinels, a signal wake-up socket and a
+timer; then react. Its one helper thread makes a job's finish (and the next claim) while the
+loop serves the other executors, one round trip at a time (round_trip.py). Writes that fail
+because the database is away are kept in an outbox and retried with backoff, so a finished
+job's result survives a database restart.
 
 Every claim and finish commits durably, and every write of a run is fenced on its lease token.
 What a server crash or a lost reply can still leave behind, the heartbeat finds (see
