@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import select
 import sys
 import threading
 from collections.abc import Callable
@@ -42,7 +43,6 @@ class RoundTrip:
         self._reader, self._writer = os.pipe()
         os.set_blocking(self._reader, False)
         self._calls: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
-        self._done = threading.Event()
         self._result: tuple[Any, BaseException | None] = (None, None)
         self._handler: Handler | None = None
         self._thread: threading.Thread | None = None
@@ -68,7 +68,6 @@ class RoundTrip:
                 target=self._serve, name="django-jobs-round-trip", daemon=True
             )
             self._thread.start()
-        self._done.clear()
         self._handler = handler
         self._calls.put(fn)
 
@@ -76,15 +75,23 @@ class RoundTrip:
         """Handle the end of the call in flight if it has come (with ``wait``: once it has);
         whether one was handled."""
         handler = self._handler
-        if handler is None or not (self._done.is_set() or (wait and self._done.wait())):
+        if handler is None or not self._ended(wait):
             return False
-        with contextlib.suppress(BlockingIOError):
-            os.read(self._reader, 64)
         result, error = self._result
         self._result = (None, None)
         self._handler = None
         handler(result, error)
         return True
+
+    def _ended(self, wait: bool) -> bool:
+        # The thread writes one byte per call, once its result is in place: reading it is how
+        # the end is known, so that no byte is left behind to wake the loop's wait for nothing.
+        if wait:
+            select.select([self._reader], [], [])
+        try:
+            return bool(os.read(self._reader, 1))
+        except BlockingIOError:
+            return False
 
     def close(self) -> None:
         """Stop the thread (after the call in flight, handled or not) and close the pipe."""
@@ -105,5 +112,4 @@ class RoundTrip:
                 self._result = (fn(), None)
             except BaseException as error:  # handed to the loop's thread, which raises it there
                 self._result = (None, error)
-            self._done.set()
             os.write(self._writer, b"\0")

@@ -7,6 +7,7 @@ blocks until the test lets it go, as a finish waiting for its server would.
 
 from __future__ import annotations
 
+import select
 import threading
 from typing import Any
 
@@ -177,4 +178,25 @@ def test_a_round_trip_hands_its_error_to_the_loops_thread(error: BaseException) 
         assert seen == [(None, error)] and not trip.busy
         assert not trip.collect(wait=True)  # nothing in flight
     finally:
+        trip.close()
+
+
+def test_the_loops_wait_wakes_for_the_end_of_each_call_and_for_nothing_else() -> None:
+    results: list[Any] = []
+    held = threading.Event()
+    trip = RoundTrip()
+    try:
+        trip.send(lambda: 1, lambda result, exc: results.append(result))
+        assert select.select([trip.fileno()], [], [], WAIT)[0] == [trip.fileno()]
+        assert trip.collect(wait=False) and results == [1]
+
+        # A call in flight: nothing is left over from the last one to wake the wait.
+        trip.send(lambda: held.wait(WAIT) and 2, lambda result, exc: results.append(result))
+        assert select.select([trip.fileno()], [], [], 0.1)[0] == []
+        assert not trip.collect(wait=False) and trip.busy
+        held.set()
+        assert trip.collect(wait=True) and results == [1, 2]
+        assert select.select([trip.fileno()], [], [], 0.1)[0] == []
+    finally:
+        held.set()
         trip.close()
