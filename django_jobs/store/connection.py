@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,7 @@ class QueueConnection:
         self.on_connect = on_connect
         self._conn: psycopg.Connection[Any] | None = None
         self._cursor: psycopg.Cursor[Any] | None = None
+        self._lock = threading.RLock()
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -69,6 +71,12 @@ class QueueConnection:
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[Any]:
+        # The worker makes a job's finish on a thread of its own (worker/round_trip.py), and
+        # waits for it before any other use; the lock makes sure of it.
+        with self._lock:
+            yield from self._cursor_unlocked()
+
+    def _cursor_unlocked(self) -> Iterator[Any]:
         conn = self._connect()
         # One cursor serves every statement on a connection: making one per job costs CPU on
         # the supervisor's serial path.
@@ -92,8 +100,9 @@ class QueueConnection:
         return self._conn is None or self._conn.closed
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-            self._cursor = None
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+                self._cursor = None

@@ -85,6 +85,9 @@ class Heartbeats:
 
     def beat(self) -> None:
         """Send a heartbeat; recover the orphans it finds, and stop the runs it disowns."""
+        # A finish in flight may have claimed a job: start it first, so that the beat lists it
+        # (an unlisted job running under this worker's id is an orphan).
+        self.gate.settle()
         sent = time.monotonic()
         sent_by_fence_clock = clock()
         self.next_at = sent + self.interval

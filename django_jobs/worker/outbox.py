@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,10 @@ class Write:
     # For the settling that follows a job's end: it runs a slice at a time, and stays in the
     # outbox until it has finished.
     settling: workflows.Settling | None = None
+    # For a write sent while the loop goes on (a job's finish; see round_trip.py): called on the
+    # loop's thread when the write is made, it returns the call that makes it, which touches
+    # nothing but the queue (it may run on another thread). ``run`` is then ``send()()``.
+    send: Callable[[], Callable[[], Any]] | None = None
 
 
 class Outbox:
@@ -77,6 +82,10 @@ class Outbox:
             self.unwritten.add(write.job_id)
         self.writes.append(write)
 
+    def finishes(self) -> int:
+        """How many of the writes owed are finishes, each with a claim for a free slot."""
+        return sum(1 for write in self.writes if write.send is not None)
+
     def next_due(self) -> float | None:
         """When (monotonic) the soonest write is due, if there is one."""
         return min((write.backoff.retry_at for write in self.writes), default=None)
@@ -93,22 +102,41 @@ class Outbox:
 
     def _flush_due_writes(self) -> None:
         for write in list(self.writes):
-            if self.gate.waiting():
+            # A write in flight (round_trip.py) holds back the others until it is back: one
+            # round trip at a time on the connection, and the writes in the order queued.
+            if self.gate.waiting() or self.gate.busy:
                 return
             if write.backoff.waiting() or write not in self.writes:
                 continue
-            result = self.gate.call(write.description, write.run, own_backoff=True)
-            if result is FAILED:
-                if self.gate.queue.broken:
-                    return
-                self._failed(write)
-            elif write.settling is not None and not write.settling.finished:
-                write.backoff.wait_until(write.settling.next_due())
+            if write.send is not None:
+                made = functools.partial(self._sent_back, write)
+                self.gate.send(write.description, write.send(), made, own_backoff=True)
             else:
-                self.writes.remove(write)
-                self._written(write.job_id)
-                if write.then is not None:
-                    write.then(result)  # e.g. start the job claimed together with a finish
+                result = self.gate.call(write.description, write.run, own_backoff=True)
+                self._made(write, result)
+                if result is FAILED and self.gate.queue.broken:
+                    return
+
+    def _sent_back(self, write: Write, result: Any) -> None:
+        # Handled when the loop collects it, maybe inside another flush, maybe not: what the
+        # write does once it has committed queues its own writes for the next flush, as above.
+        flushing, self.flushing = self.flushing, True
+        try:
+            self._made(write, result)
+        finally:
+            self.flushing = flushing
+
+    def _made(self, write: Write, result: Any) -> None:
+        if result is FAILED:
+            if not self.gate.queue.broken:  # an outage holds back every write (gate.waiting())
+                self._failed(write)
+        elif write.settling is not None and not write.settling.finished:
+            write.backoff.wait_until(write.settling.next_due())
+        else:
+            self.writes.remove(write)
+            self._written(write.job_id)
+            if write.then is not None:
+                write.then(result)  # e.g. start the job claimed together with a finish
 
     def _failed(self, write: Write) -> None:
         write.backoff.failed()

@@ -10,7 +10,8 @@ worker's one connection; a fake in the unit tests keeps jobs in memory, and anot
 (the HTTP API, :mod:`django_jobs.worker.http_queue`) plugs in here.
 
 :class:`QueueGate` is the one place where the supervisor meets the queue's errors: a failed
-call is logged and backed off, never raised.
+call is logged and backed off, never raised. It also keeps the one call that may be in flight
+while the loop goes on (a job's finish: :mod:`django_jobs.worker.round_trip`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from django_jobs.store import (
     db,
 )
 from django_jobs.store.connection import QueueConnection, is_connection_fatal
+from django_jobs.worker.round_trip import RoundTrip
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -196,8 +198,10 @@ class QueueGate:
     its own (an outbox write: one write that keeps failing must not hold back the others).
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, round_trip: RoundTrip | None = None) -> None:
         self.queue = queue
+        # Where :meth:`send` makes its calls while the loop goes on; None: it makes them at once.
+        self.round_trip = round_trip
         self.outage = Backoff(OUTAGE_RETRY_CAP)
         self.last_error: BaseException | None = None
         # Whether the last error was an outage or a bounded wait running out: those are retried
@@ -212,38 +216,99 @@ class QueueGate:
     def retry_at(self) -> float:
         return self.outage.retry_at
 
+    @property
+    def busy(self) -> bool:
+        """Whether a call sent with :meth:`send` is in flight (or not yet handled)."""
+        return self.round_trip is not None and self.round_trip.busy
+
+    def fileno(self) -> int | None:
+        """What the loop's wait watches for the end of the call in flight, if calls can be."""
+        return None if self.round_trip is None else self.round_trip.fileno()
+
+    def collect(self) -> None:
+        """Handle the end of the call in flight, if it has come."""
+        if self.round_trip is not None:
+            self.round_trip.collect(wait=False)
+
+    def settle(self) -> None:
+        """Wait for the call in flight, and handle its end: before anything else uses the queue,
+        or reads what that call changes (the jobs this worker runs, for a heartbeat)."""
+        if self.round_trip is not None:
+            while self.round_trip.collect(wait=True):
+                pass
+
+    def close(self) -> None:
+        """Settle the call in flight; stop the thread that makes them."""
+        if self.round_trip is not None:
+            self.settle()
+            self.round_trip.close()
+            self.round_trip = None
+
     def call(self, description: str, fn: Callable[[], T], *, own_backoff: bool = False) -> T:
         """Return ``fn()``; or, on an error of the queue, log it, back off and return ``FAILED``."""
+        self.settle()
         try:
             result = fn()
         except Exception as exc:
-            self.last_error = exc
-            self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
-            level = logging.WARNING if self.last_error_transient else logging.ERROR
-            if own_backoff and not self.queue.broken:
-                logger.log(
-                    level,
-                    "%s during %s (%s: %s); trying it again later",
-                    self.queue.trouble(exc),
-                    description,
-                    type(exc).__name__,
-                    first_line(exc),
-                )
-                return FAILED
-            delay = self.outage.failed()
-            unlogged = self.outage.complaints.due(exc)
-            if unlogged is not None:
-                logger.log(
-                    level,
-                    "%s during %s (%s: %s); retrying in %.1fs%s",
-                    self.queue.trouble(exc),
-                    description,
-                    type(exc).__name__,
-                    first_line(exc),
-                    delay,
-                    unlogged_note(unlogged),
-                )
+            return self._failed(description, exc, own_backoff)
+        return self._succeeded(result)
+
+    def send(
+        self,
+        description: str,
+        fn: Callable[[], T],
+        then: Callable[[T], None],
+        *,
+        own_backoff: bool = False,
+    ) -> None:
+        """Like :meth:`call`, but made while the loop goes on, if this gate can: ``then`` gets
+        the result (or ``FAILED``) on the loop's thread, from :meth:`collect` or :meth:`settle`.
+        ``fn`` must touch nothing but the queue: it may run on another thread."""
+        if self.round_trip is None:
+            then(self.call(description, fn, own_backoff=own_backoff))
+            return
+        self.settle()
+
+        def handle(result: Any, error: BaseException | None) -> None:
+            if error is None:
+                then(self._succeeded(result))
+            elif isinstance(error, Exception):
+                then(self._failed(description, error, own_backoff))
+            else:
+                raise error
+
+        self.round_trip.send(fn, handle)
+
+    def _failed(self, description: str, exc: Exception, own_backoff: bool) -> Any:
+        self.last_error = exc
+        self.last_error_transient = is_connection_fatal(exc) or db.is_timeout(exc)
+        level = logging.WARNING if self.last_error_transient else logging.ERROR
+        if own_backoff and not self.queue.broken:
+            logger.log(
+                level,
+                "%s during %s (%s: %s); trying it again later",
+                self.queue.trouble(exc),
+                description,
+                type(exc).__name__,
+                first_line(exc),
+            )
             return FAILED
+        delay = self.outage.failed()
+        unlogged = self.outage.complaints.due(exc)
+        if unlogged is not None:
+            logger.log(
+                level,
+                "%s during %s (%s: %s); retrying in %.1fs%s",
+                self.queue.trouble(exc),
+                description,
+                type(exc).__name__,
+                first_line(exc),
+                delay,
+                unlogged_note(unlogged),
+            )
+        return FAILED
+
+    def _succeeded(self, result: T) -> T:
         failures = self.outage.succeeded()
         if failures:
             logger.info("%s reachable again after %d failed attempt(s)", self.queue.label, failures)

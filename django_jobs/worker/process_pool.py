@@ -115,6 +115,9 @@ class ExecutorPool:
     def free_slot(self) -> Slot | None:
         return next((s for s in self.slots if s.ready and not s.busy), None)
 
+    def free_slots(self) -> int:
+        return sum(1 for s in self.slots if s.ready and not s.busy)
+
     def busy(self) -> int:
         return sum(1 for slot in self.slots if slot.busy)
 

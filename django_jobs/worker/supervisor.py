@@ -4,9 +4,11 @@ It owns a single PostgreSQL connection (autocommit, so every statement is its ow
 transaction) for claims, finishes, releases and heartbeats, and hands claimed jobs to a pool of
 executor processes over pipes. No transaction is open and no lock is held while a job runs.
 
-One loop, no threads: wait on the executors' pipes and process sentinels, a signal wake-up
-socket and a timer; then react. Writes that fail because the database is away are kept in an
-outbox and retried with backoff, so a finished job's result survives a database restart.
+One loop: wait on the executors' pipes and process sentinels, a signal wake-up socket and a
+timer; then react. Its one helper thread makes a job's finish (and the next claim) while the
+loop serves the other executors, one round trip at a time (round_trip.py). Writes that fail
+because the database is away are kept in an outbox and retried with backoff, so a finished
+job's result survives a database restart.
 
 Every claim and finish commits durably, and every write of a run is fenced on its lease token.
 What a server crash or a lost reply can still leave behind, the heartbeat finds (see
@@ -46,6 +48,7 @@ from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
 from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.round_trip import RoundTrip
 from django_jobs.worker.runs import Runs
 from django_jobs.worker.signals import WakeSocket
 from django_jobs.worker.slots import Reported, Slot
@@ -110,9 +113,12 @@ class Supervisor:
         self.install_signals = install_signals
         self.observer = observer or Observer()
         alias = conf.database_alias()
+        round_trip = None
         if db is None:
             connection = QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
             db, duties = PostgresQueue(connection), PostgresDuties(connection)
+            # Finishes are sent while the loop serves the other executors (round_trip.py).
+            round_trip = RoundTrip()
         self.db: Queue = db
         self.duties = duties
         self.pool = pool or ExecutorPool(concurrency, observer=self.observer)
@@ -124,7 +130,7 @@ class Supervisor:
         self.info = this_worker(self.worker_id, self.name, self.queues, concurrency)
         self.log = OutcomeLog(self.worker_id)
         self.stats = self.log.stats
-        self.gate = QueueGate(self.db)
+        self.gate = QueueGate(self.db, round_trip)
         self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
@@ -179,10 +185,16 @@ class Supervisor:
                 self._step()
             return 1 if self.hard_stop else 0
         finally:
+            if not self.hard_stop:
+                # A finish in flight ends first; a job it claimed is released (we are stopping).
+                self.stopping = True
+                self.gate.close()
+                self.outbox.flush()
             self.pool.shutdown(force=self.hard_stop)
             if not self.hard_stop:
                 self.gate.call("unregister", lambda: self.db.unregister(self.worker_id))
-            self.db.close()
+            if not self.gate.busy:  # else exiting now: the process's end closes it
+                self.db.close()
             if self.wakeup is not None:
                 self.wakeup.close()
             if previous_handlers:
@@ -291,10 +303,22 @@ class Supervisor:
         return self.pool.free_slot() if self.queue_may_have_work and self._can_claim() else None
 
     def _fill_slots(self) -> None:
+        # A finish owed goes first (one a heartbeat waited for may have just freed the
+        # connection): it claims for a free slot in the same round trip.
+        if self.outbox:
+            self.outbox.flush()
         while self.queue_may_have_work and self._can_claim():
             slot = self.pool.free_slot()
             if slot is None:
                 return
+            if self.gate.busy:
+                # The finish in flight claims for a slot that still looks free, and each finish
+                # owed will claim for another: wait for the round trip (not to claim for one of
+                # those slots) only if more slots are free than that (at start, say).
+                if self.pool.free_slots() <= self.outbox.finishes():
+                    return
+                self.gate.settle()
+                continue
             # Tasks declared for workers of the HTTP API are never claimed here.
             skip = [*self.unknown_tasks.skip(), *registry.remote_names()]
             wait = self._claim_wait()
@@ -342,6 +366,11 @@ class Supervisor:
             self.queue_may_have_work = False
             self.next_poll = time.monotonic() + self._poll_interval_now()
             return True
+        if self.stopping or slot.busy or not any(s is slot for s in self.pool.slots):
+            # Claimed with a finish that was in flight when the worker began to stop (or the
+            # slot's executor was replaced meanwhile): the job goes back without running.
+            self.writes.release(job.lease, self.log.fields(job), "released: worker stopping")
+            return False
         if not registry.runs_here(job.task):
             # Never hand an executor a name it would have to import. A worker that has the task
             # may exist (a rolling deploy): hand the job back without counting the attempt.
@@ -369,9 +398,10 @@ class Supervisor:
         if self._can_claim():
             if not self.queue_may_have_work:
                 moments.append(self.next_poll)
-            elif self.pool.free_slot() is not None:
+            elif self.pool.free_slot() is not None and not self.gate.busy:
                 moments.append(now)
-        write_due = self.outbox.next_due()
+        # While a write is in flight, the others wait for it: its end wakes the loop.
+        write_due = None if self.gate.busy else self.outbox.next_due()
         if write_due is not None:
             moments.append(max(self.gate.retry_at, write_due))
         elif now < self.gate.retry_at:
@@ -388,7 +418,12 @@ class Supervisor:
     def _wait(self, timeout: float) -> None:
         listen_fd = self.wakeup.fileno() if self.wakeup is not None else None
         wake = self.wake.reader
-        ready = self.pool.wait([wake] if listen_fd is None else [wake, listen_fd], timeout)
+        others: list[Any] = [wake] if listen_fd is None else [wake, listen_fd]
+        round_trip_fd = self.gate.fileno()
+        if round_trip_fd is not None and self.gate.busy:
+            others.append(round_trip_fd)
+        ready = self.pool.wait(others, timeout)
+        self.gate.collect()  # the finish in flight, if it is back: start the job it claimed
         if self.wakeup is not None and listen_fd in ready:
             if self.wakeup.drain():
                 self.queue_may_have_work = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from django_jobs import conf, store, workflows
@@ -130,27 +131,34 @@ class JobWrites:
     ) -> Write:
         tries = 0
 
-        def write() -> Finished:
-            nonlocal tries
-            tries += 1
-            # A busy worker claims its next job in the same round trip as this finish.
+        def send() -> Callable[[], Finished]:
+            # A busy worker claims its next job in the same round trip as this finish: for the
+            # slot chosen here, on the loop's thread; the round trip itself may be made on
+            # another (outbox.py), and touches nothing but the queue.
             slot = self.next_job.slot_for_next_job()
-            claimed = None
-            if slot is None:
-                ended = self.db.finish(job.lease, outcome, **options)
-            else:
-                skip = self.unknown_tasks.skip()
-                ended, claimed = self.db.finish_and_claim(
-                    job.lease, outcome, self.next_job.queues, skip, **options
+            queues = self.next_job.queues
+            skip = self.unknown_tasks.skip() if slot is not None else []
+
+            def write() -> Finished:
+                nonlocal tries
+                tries += 1
+                claimed = None
+                if slot is None:
+                    ended = self.db.finish(job.lease, outcome, **options)
+                else:
+                    ended, claimed = self.db.finish_and_claim(
+                        job.lease, outcome, queues, skip, **options
+                    )
+                # Matched nothing after an earlier try: maybe that one committed, and only its
+                # reply was lost.
+                already = (
+                    ended is None
+                    and (tries > 1 or replay)
+                    and self.db.attempt_outcome(job.lease) == outcome
                 )
-            # Matched nothing after an earlier try: maybe that one committed, and only its reply
-            # was lost.
-            already = (
-                ended is None
-                and (tries > 1 or replay)
-                and self.db.attempt_outcome(job.lease) == outcome
-            )
-            return Finished(ended, already, slot, claimed)
+                return Finished(ended, already, slot, claimed)
+
+            return write
 
         def then(result: Finished) -> None:
             ended = result.ended
@@ -178,8 +186,10 @@ class JobWrites:
 
         description = f"finish job {job.id}"
         if fallback:
-            return Write(description, write, then, job.id, fallback=plain_error)
-        return Write(description, write, then, job.id, droppable=False)
+            return Write(
+                description, lambda: send()(), then, job.id, fallback=plain_error, send=send
+            )
+        return Write(description, lambda: send()(), then, job.id, droppable=False, send=send)
 
     def settle(self, job_id: int) -> None:
         """Queue what follows from ``job_id``'s end: after the finish has committed, in

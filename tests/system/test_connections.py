@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from django.db import connection
 
-from django_jobs.models import Job, Worker
+from django_jobs.models import Attempt, Job, Worker
 from support import pgbouncer as pgbouncer_launcher
 from support.pgbouncer import PgBouncer
 from testproject.testjobs.jobs import echo, record, sleep
@@ -244,6 +244,26 @@ def test_the_whole_lifecycle_runs_through_pgbouncer_in_transaction_mode(
     log = pgbouncer.log
     assert "prepared statement" not in log and "ERROR" not in log, log
     assert "database error" not in worker.output
+    pools = pgbouncer.console("SHOW POOLS")
+    mine = [p for p in pools if p["database"] == connection.settings_dict["NAME"]]
+    assert mine and all(p["sv_active"] + p["sv_idle"] + p["sv_used"] <= 3 for p in mine)
+
+
+def test_finishes_in_flight_while_other_slots_report_run_through_pgbouncer_in_transaction_mode(
+    pgbouncer, start_worker
+) -> None:
+    # No-op jobs on four slots: a finish is nearly always in flight (worker/round_trip.py)
+    # while other executors report, on the worker's one connection through the pooler.
+    echo.enqueue_many(((i,), {}) for i in range(400))
+    env = pooled_env(pgbouncer, JOBS_LISTEN="false")
+    worker = start_worker("--burst", "--concurrency", "4", env=env)
+    assert worker.wait(timeout=120) == 0, worker.output
+
+    assert Job.objects.filter(task="tests.echo", state="done").count() == 400
+    assert Attempt.objects.filter(job__task="tests.echo").count() == 400  # each ran once
+    assert "database error" not in worker.output and " lease lost" not in worker.output
+    log = pgbouncer.log
+    assert "prepared statement" not in log and "ERROR" not in log, log
     pools = pgbouncer.console("SHOW POOLS")
     mine = [p for p in pools if p["database"] == connection.settings_dict["NAME"]]
     assert mine and all(p["sv_active"] + p["sv_idle"] + p["sv_used"] <= 3 for p in mine)
