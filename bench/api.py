@@ -6,7 +6,9 @@ database of their own:
 - **api**: one ``uvicorn testproject.asgi:application`` process (``JOBS_API_CONNECTIONS``
   connections, plus its LISTEN) serves ``workers`` simulated workers: asyncio tasks in this
   process, each on its own keep-alive HTTP connection (a few lines of raw HTTP/1.1, so that the
-  client side costs little), claiming with ``wait`` 20 s, sleeping, then finishing. The jobs are
+  client side costs little), claiming with ``wait`` 20 s, sleeping, then finishing with
+  ``claim_next``: the finish hands out the worker's next job, and only a worker it found none
+  for claims (and waits) again. The jobs are
   enqueued in batches once every worker waits.
 - **db**: ``runjobworker --burst`` processes (``processes`` x ``concurrency``) run the same
   jobs as ``bench.sleep``, each holding its database connections.
@@ -17,8 +19,8 @@ first claim to the last finish and the jobs per second, the most connections to 
 (sampled every 100 ms from pg_stat_activity: all but this process's own), and the CPU the
 database's backends used per job (from /proc, for every backend of the database seen during the
 run; the shared background processes are left out, since other databases on the server use
-them). For the api run, the claim round trip of the claims that returned a job, p50 and p99:
-it includes the wait of a claim that came before its job.
+them). For the api run, the claim round trip of the claims (v1/claim) that returned a job, p50 and
+p99: it includes the wait of a claim that came before its job.
 
 Run as ``python -m bench.api`` it is the probe itself (a Django process on ``DATABASE_URL``).
 """
@@ -218,21 +220,27 @@ async def fleet(
     async def worker(n: int) -> None:
         connection = Connection("127.0.0.1", port, token)
         body = {"worker": f"w{n}", "tasks": ["remote.upper"], "wait": 20}
+        job = None
         while not all_done.is_set():
-            start = time.perf_counter()
-            status, answer = await connection.post("/jobs/api/v1/claim", body)
-            statuses[f"claim {status}"] += 1
-            if status != 200:
-                continue
-            latencies.append(time.perf_counter() - start)
+            if job is None:
+                start = time.perf_counter()
+                status, answer = await connection.post("/jobs/api/v1/claim", body)
+                statuses[f"claim {status}"] += 1
+                if status != 200:
+                    continue
+                latencies.append(time.perf_counter() - start)
+                job = answer["job"]
             claimed_at.append(time.time())
-            job = answer["job"]
             seen[job["id"]] += 1
             await asyncio.sleep(job["args"][1])
-            finish = {"lease": job["lease"], "outcome": "done", "result": job["args"][0].upper()}
-            status, _ = await connection.post(f"/jobs/api/v1/jobs/{job['id']}/finish", finish)
+            # The finish claims the worker's next job too, as runjobworker --api does: only a
+            # worker that the finish found nothing for long-polls a claim.
+            finish = {"lease": job["lease"], "outcome": "done", "result": job["args"][0].upper(),
+                      "claim_next": {"tasks": ["remote.upper"]}}  # fmt: skip
+            status, answer = await connection.post(f"/jobs/api/v1/jobs/{job['id']}/finish", finish)
             statuses[f"finish {status}"] += 1
             finished_at.append(time.time())
+            job = answer["job"] if status == 200 else None
             if len(finished_at) >= jobs:
                 all_done.set()
 

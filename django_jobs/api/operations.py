@@ -8,10 +8,11 @@ over the API is fenced, reaped and retried like any other, and the enqueue of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connections
@@ -95,17 +96,24 @@ def worker_info(
     )
 
 
+@contextlib.contextmanager
+def _registering(worker: WorkerInfo) -> Iterator[list[tuple[str, Any]]]:
+    """The statement that registers ``worker`` when it is due (once per heartbeat interval),
+    for a claim to send first in its own round trip and transaction; due again if that fails."""
+    due = registrations.due(worker.id)
+    try:
+        yield [store.registration(worker)] if due else []
+    except Exception:
+        if due:
+            registrations.forget(worker.id)
+        raise
+
+
 def claim(
     worker: WorkerInfo, queues: Sequence[str] | None, skip: Sequence[str]
 ) -> ClaimedJob | None:
-    with _cursor() as cursor:
-        if registrations.due(worker.id):
-            try:
-                store.heartbeat(cursor, worker, [], [])
-            except Exception:
-                registrations.forget(worker.id)
-                raise
-        return store.claim(cursor, worker.id, queues, skip)
+    with _cursor() as cursor, _registering(worker) as first:
+        return store.claim(cursor, worker.id, queues, skip, first=first)
 
 
 def heartbeat(worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]) -> Beat:
@@ -113,29 +121,61 @@ def heartbeat(worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[i
         return store.heartbeat(cursor, worker, leases, unwritten)
 
 
+def _finish_options(cursor: Any, lease: Lease, ending: Finish) -> dict[str, Any]:
+    """The keyword arguments of :func:`django_jobs.store.finish` for ``ending``."""
+    retry_delay = ending.retry_delay
+    if retry_delay is None:
+        retry_delay = 0.0
+        if ending.outcome != "done" and ending.retryable:
+            # As a worker of this app would: the task's backoff after this attempt.
+            task = job_reads.task_of_job(cursor, lease.job_id)
+            if task is not None:
+                retry_delay = registry.backoff_for(task, lease.attempt)
+    return {
+        "result_json": ending.result_json,
+        "error": stored_text(ending.error)[:ERROR_CHARS],
+        "traceback": stored_text(ending.traceback)[-TRACEBACK_CHARS:],
+        "retryable": ending.retryable,
+        "retry_delay": retry_delay,
+    }
+
+
 def finish(lease: Lease, ending: Finish) -> Ended | None:
     with _cursor() as cursor:
-        retry_delay = ending.retry_delay
-        if retry_delay is None:
-            retry_delay = 0.0
-            if ending.outcome != "done" and ending.retryable:
-                # As a worker of this app would: the task's backoff after this attempt.
-                task = job_reads.task_of_job(cursor, lease.job_id)
-                if task is not None:
-                    retry_delay = registry.backoff_for(task, lease.attempt)
-        ended = store.finish(
-            cursor,
-            lease,
-            ending.outcome,
-            result_json=ending.result_json,
-            error=stored_text(ending.error)[:ERROR_CHARS],
-            traceback=stored_text(ending.traceback)[-TRACEBACK_CHARS:],
-            retryable=ending.retryable,
-            retry_delay=retry_delay,
-        )
+        options = _finish_options(cursor, lease, ending)
+        ended = store.finish(cursor, lease, ending.outcome, **options)
         if ended is not None and ended.needs_settling:
             workflows.settle(cursor, lease.job_id)
         return ended
+
+
+def finish_then_claim(
+    lease: Lease,
+    ending: Finish,
+    worker: WorkerInfo,
+    queues: Sequence[str] | None,
+    skip: Sequence[str],
+) -> tuple[Ended | None, ClaimedJob | None]:
+    """:func:`finish`, and in its transaction and round trip (with the worker's registration,
+    when due, as :func:`claim` makes it) the claim of ``worker``'s next job, only if the finish
+    matched the lease. Settling the finished job's workflow follows, in statements of its own."""
+    with _cursor() as cursor:
+        options = _finish_options(cursor, lease, ending)
+        with _registering(worker) as first:
+            ended, job = store.finish_then_claim(
+                cursor, lease, ending.outcome, queues, skip, first=first, **options
+            )
+        if ended is not None and ended.needs_settling:
+            try:
+                workflows.settle(cursor, lease.job_id)
+            except Exception:
+                # The request fails (the worker tries the finish again, and finds it recorded):
+                # nobody would run the job claimed with it.
+                if job is not None:
+                    with contextlib.suppress(Exception):
+                        store.release(cursor, job.lease, "its claim's answer failed")
+                raise
+        return ended, job
 
 
 def release(lease: Lease, reason: str) -> bool:

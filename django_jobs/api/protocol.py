@@ -414,6 +414,41 @@ def finish(body: dict[str, Any]) -> Finish:
     )
 
 
+#: What a finish's ``claim_next`` may hold: the claim's own fields but ``worker`` (the lease's
+#: worker claims) and ``wait`` (a finish answers at once; a worker with nothing left claims).
+CLAIM_NEXT_FIELDS = ("queues", "tasks")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimNext:
+    """A finish's ``claim_next``: claim the worker's next job in the finish's transaction."""
+
+    #: None: the token's queues (the claim's default); checked against the token by the view.
+    queues: list[str] | None
+    #: None: any task.
+    tasks: list[str] | None
+
+
+def claim_next(body: dict[str, Any]) -> ClaimNext | None:
+    """A finish's ``claim_next`` (None when absent): an object with the claim's ``queues`` and
+    ``tasks``, each optional, read as the claim reads them."""
+    given = field(body, "claim_next", dict, None)
+    if given is None:
+        return None
+    unknown = sorted(set(given) - set(CLAIM_NEXT_FIELDS))
+    if unknown:
+        raise ApiError(
+            400,
+            f"claim_next has no field {_shown(unknown[0])}; it takes"
+            f" {' and '.join(CLAIM_NEXT_FIELDS)} (the lease's worker claims, without a wait)",
+            "claim_next",
+        )
+    return ClaimNext(
+        queues=strings(given, "queues", label="claim_next.queues"),
+        tasks=strings(given, "tasks", label="claim_next.tasks"),
+    )
+
+
 # ---------------------------------------------------------------------- enqueue and spawn
 
 #: The options of an enqueue or a spawn, as ``Task.using()`` takes them; ``run_after`` is an

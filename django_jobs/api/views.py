@@ -151,19 +151,24 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return protocol.parse_body(raw)
 
 
-def _queues(grant: Grant, body: dict[str, Any]) -> list[str] | None:
-    """The queues a claim serves (None: every queue), each held by the token."""
-    queues = protocol.strings(body, "queues")
+def _queues(grant: Grant, queues: list[str] | None, label: str = "queues") -> list[str] | None:
+    """The queues a claim serves (None: every queue), each held by the token; ``queues`` as the
+    request names them (None: the token's), its field named ``label`` in errors."""
     if queues is None:
         return None if grant.all_queues else list(grant.queues)
     if ALL_QUEUES in queues:
         if not grant.all_queues:
-            raise ApiError(403, "this token does not hold every queue", "queues")
+            raise ApiError(403, "this token does not hold every queue", label)
         return None
     for queue in queues:
         if not grant.holds(queue):
-            raise ApiError(403, f"this token does not hold queue {queue!r}", "queues")
+            raise ApiError(403, f"this token does not hold queue {queue!r}", label)
     return queues
+
+
+def _skipped(tasks: list[str] | None) -> list[str]:
+    """The registered tasks a claim for ``tasks`` (None: any) passes over."""
+    return [] if tasks is None else sorted(set(registry.names()) - set(tasks))
 
 
 def _client(request: HttpRequest) -> str:
@@ -176,10 +181,10 @@ def _client(request: HttpRequest) -> str:
 @endpoint
 async def claim(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> Answer:
     worker = protocol.worker(body)
-    queues = _queues(grant, body)
+    queues = _queues(grant, protocol.strings(body, "queues"))
     tasks = protocol.strings(body, "tasks")
     wait = protocol.seconds(body, "wait", 0.0, conf.api_max_wait())
-    skip = [] if tasks is None else sorted(set(registry.names()) - set(tasks))
+    skip = _skipped(tasks)
     info = operations.worker_info(
         grant.worker_prefix + worker, _client(request), queues, name=worker, tasks=tasks
     )
@@ -237,6 +242,14 @@ async def _hand_out(request: HttpRequest, job: Any) -> Answer:
         except (DatabaseError, psycopg.Error) as error:
             logger.warning("job %s: not released (%s); the reaper will", job.id, error)
         raise
+    delivered = await _deliver(request, job)
+    return (204, None) if delivered is None else (200, delivered)
+
+
+async def _deliver(request: HttpRequest, job: Any) -> dict[str, Any] | None:
+    """The answer's ``{"job": ...}`` for a job claimed for the request; None, the job released
+    unused, if the worker hung up already. An answer that cannot be sent releases it too (served
+    by ``with_api``)."""
     reason = "its worker hung up before the claim's answer"
 
     async def undelivered() -> None:
@@ -244,9 +257,9 @@ async def _hand_out(request: HttpRequest, job: Any) -> Answer:
 
     if _gone(request):
         await undelivered()
-        return 204, None
+        return None
     request.undelivered = undelivered  # type: ignore[attr-defined]
-    return 200, protocol.claimed(job)
+    return protocol.claimed(job)
 
 
 # ---------------------------------------------------------------------- a claimed job
@@ -307,10 +320,27 @@ async def heartbeat(request: HttpRequest, grant: Grant, body: dict[str, Any]) ->
 async def finish(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
     lease = _lease(grant, body, job_id)
     ending = protocol.finish(body)
-    ended = await thread_pool.run(operations.finish, lease, ending)
+    claim_next = protocol.claim_next(body)
+    if claim_next is None:
+        ended = await thread_pool.run(operations.finish, lease, ending)
+        if ended is None:
+            raise protocol.lease_lost()
+        return 200, {"state": ended.state}
+    # The next claim is checked as v1/claim checks its own, before anything is written.
+    queues = _queues(grant, claim_next.queues, "claim_next.queues")
+    worker = lease.worker_id[len(grant.worker_prefix) :]
+    info = operations.worker_info(
+        lease.worker_id, _client(request), queues, name=worker, tasks=claim_next.tasks
+    )
+    ended, job = await thread_pool.run(
+        operations.finish_then_claim, lease, ending, info, queues, _skipped(claim_next.tasks)
+    )
     if ended is None:
-        raise protocol.lease_lost()
-    return 200, {"state": ended.state}
+        raise protocol.lease_lost()  # and nothing was claimed
+    # No second look at the token, as a long poll's claim takes before it hands out a job: this
+    # one was checked as the request came, and nothing waited since.
+    delivered = None if job is None else await _deliver(request, job)
+    return 200, {"state": ended.state, "job": None if delivered is None else delivered["job"]}
 
 
 @endpoint

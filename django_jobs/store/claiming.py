@@ -157,12 +157,20 @@ def claim(
     worker_id: str,
     queues: Sequence[str] | None,
     skip_tasks: Sequence[str] = (),
+    *,
+    first: Sequence[tuple[str, Any]] = (),
 ) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready. Jobs of
-    ``skip_tasks`` (tasks the worker has found it does not have) are passed over."""
+    ``skip_tasks`` (tasks the worker has found it does not have) are passed over. ``first``:
+    statements (SQL and parameters) run before the claim in its transaction and round trip, their
+    rows not read (the HTTP API's registration of its worker, :func:`~django_jobs.store.
+    registration`)."""
     # The commit is durable: a claim that a server crash lost would make a job that is running
     # claimable again, and a second executor would run it at the same time as the first.
     params = claim_params(worker_id, queues, skip_tasks)
+    if first:
+        *_, rows = db.execute_together(cursor, [*first, (query("call_claim"), params)])
+        return claimed_job(worker_id, rows[0] if rows else None)
     return claimed_job(worker_id, db.execute(cursor, query("call_claim"), params).fetchone())
 
 

@@ -158,6 +158,37 @@ def finish_and_claim(
     )
 
 
+def finish_then_claim(
+    cursor: Cursor,
+    lease: Lease,
+    outcome: str,
+    queues: Sequence[str] | None,
+    skip_tasks: Sequence[str] = (),
+    *,
+    first: Sequence[tuple[str, Any]] = (),
+    **finish_options: Any,
+) -> tuple[Ended | None, ClaimedJob | None]:
+    """:func:`finish`, then, only if it matched the lease, claim the next job for the same worker:
+    one statement (``call_finish_then_claim``), so one transaction in one round trip. Unlike
+    :func:`finish_and_claim`, a lost lease claims nothing (the HTTP API answers it with a 409,
+    which carries no job). ``first`` is as :func:`~django_jobs.store.claim` takes it."""
+    params = {
+        **_end_params(lease, outcome, **finish_options),
+        **claim_params(lease.worker_id, queues, skip_tasks),
+    }
+    statement = (query("call_finish_then_claim"), params)
+    if first:
+        *_, rows = db.execute_together(cursor, [*first, statement])
+        row = rows[0] if rows else None
+    else:
+        row = db.execute(cursor, *statement).fetchone()
+    if row is None:
+        return None, None
+    width = len(FinishRow._fields)
+    claimed = None if row[width] is None else row[width:]
+    return _ended(lease.job_id, row[:width]), claimed_job(lease.worker_id, claimed)
+
+
 def reap(
     cursor: Cursor,
     lease: Lease,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
@@ -86,6 +86,18 @@ def heartbeat(
             held = bool(row.held) and attempts.get(row.token) == row.attempt
             statuses[row.token] = LeaseStatus(row.job_id, held, bool(row.cancel_requested))
     return Beat(statuses, orphans)
+
+
+def registration(worker: WorkerInfo) -> tuple[str, dict[str, Any]]:
+    """``register_worker`` for ``worker``, with its parameters: a statement to send first in a
+    claim's round trip and transaction (the ``first`` of :func:`~django_jobs.store.claim` and of
+    :func:`~django_jobs.store.finish_then_claim`)."""
+    params = {
+        **dataclasses.asdict(worker),
+        "queues": json.dumps(worker.queues),
+        "tasks": json.dumps(worker.tasks),
+    }
+    return query("register_worker"), params
 
 
 def unregister_worker(cursor: Cursor, worker_id: str) -> None:

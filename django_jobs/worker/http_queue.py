@@ -83,6 +83,12 @@ def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
     )
 
 
+def ended_of(lease: Lease, answer: dict[str, Any]) -> Ended:
+    """Where a finish's answer says the job went. The server has settled the job's workflow
+    already: nothing for the worker to follow."""
+    return Ended(lease.job_id, answer["state"], parent_id=None, has_dependents=False)
+
+
 def beat(worker_id: str, answer: dict[str, Any]) -> Beat:
     """The :class:`~django_jobs.store.Beat` of a batch heartbeat's answer."""
     leases = {
@@ -138,13 +144,7 @@ class HttpQueue:
         self, worker_id: str, queues: Sequence[str], skip_tasks: Sequence[str], *, wait: float = 0.0
     ) -> ClaimedJob | None:
         wait = round(min(max(wait, 0.0), MAX_WAIT), 3)
-        body: dict[str, Any] = {
-            "worker": worker_id,
-            "tasks": [task for task in self.tasks if task not in skip_tasks],
-            "wait": wait,
-        }
-        if queues:
-            body["queues"] = list(queues)
+        body = {"worker": worker_id, **self._claim_body(queues, skip_tasks), "wait": wait}
         status, answer = self._post("v1/claim", body, wait=wait)
         if status == 204 or answer is None:
             return None
@@ -152,10 +152,7 @@ class HttpQueue:
 
     def finish(self, lease: Lease, outcome: str, **options: Any) -> Ended | None:
         answer = self._job_call(lease, "finish", finish_body(lease, outcome, **options))
-        if answer is None:
-            return None
-        # The server has settled the job's workflow already: nothing for the worker to follow.
-        return Ended(lease.job_id, answer["state"], parent_id=None, has_dependents=False)
+        return None if answer is None else ended_of(lease, answer)
 
     def finish_and_claim(
         self,
@@ -165,13 +162,38 @@ class HttpQueue:
         skip_tasks: Sequence[str],
         **options: Any,
     ) -> tuple[Ended | None, ClaimedJob | None]:
-        ended = self.finish(lease, outcome, **options)
+        """The finish with ``claim_next``: the server claims the worker's next job in the
+        finish's transaction, and answers it with the finish. A lost lease (409) claims nothing.
+        A server that refuses the request (one that does not hold these queues, say) is asked
+        again for the finish alone, then for a claim, as one without ``claim_next`` would be."""
+        body = finish_body(lease, outcome, **options)
+        body["claim_next"] = self._claim_body(queues, skip_tasks)
+        try:
+            answer = self._job_call(lease, "finish", body)
+        except ApiRefused:
+            answer = {}  # not written: the finish is sent again alone
+        if answer is None:
+            return None, None
+        if "job" in answer:
+            job = answer["job"]
+            claimed = None if job is None else claimed_job(lease.worker_id, job)
+            return ended_of(lease, answer), claimed
+        # Refused, or a server older than claim_next (which ignores it): two requests.
+        ended = ended_of(lease, answer) if answer else self.finish(lease, outcome, **options)
         try:
             claimed = self.claim(lease.worker_id, queues, skip_tasks)
         except ApiUnreachable:
             # The finish is recorded; the next claim, from the loop, meets the outage.
             claimed = None
         return ended, claimed
+
+    def _claim_body(self, queues: Sequence[str], skip_tasks: Sequence[str]) -> dict[str, Any]:
+        """What a claim asks for: the worker's tasks but ``skip_tasks``, from ``queues`` (none:
+        every queue of the token)."""
+        body: dict[str, Any] = {"tasks": [task for task in self.tasks if task not in skip_tasks]}
+        if queues:
+            body["queues"] = list(queues)
+        return body
 
     def attempt_outcome(self, lease: Lease) -> str | None:
         answer = self._job_call(lease, "outcome", {})

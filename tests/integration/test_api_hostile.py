@@ -440,6 +440,8 @@ def hostile_bodies(job_id: int, lease: str) -> Iterator[tuple[str, str, dict[str
                         "concurrency_limit": 1, "delay": 1, "depends_on": [job_id]}}),
         (f"{job}/heartbeat", {"lease": lease}),
         (f"{job}/finish", {"lease": lease, "outcome": "error", "retry": True, "retry_after": 1}),
+        (f"{job}/finish", {"lease": lease, "outcome": "done",
+                           "claim_next": {"queues": ["remote"], "tasks": ["remote.upper"]}}),
         (f"{job}/release", {"lease": lease, "reason": "r"}),
         (f"{job}/progress", {"lease": lease, "progress": {"done": 1, "total": 2, "message": "m"},
                              "log": "l"}),
@@ -449,9 +451,8 @@ def hostile_bodies(job_id: int, lease: str) -> Iterator[tuple[str, str, dict[str
     ]  # fmt: skip
     for path, base in bases:
         for name, value in base.items():
-            inner = (
-                value if isinstance(value, dict) and name in ("info", "options", "progress") else {}
-            )
+            nested_fields = ("info", "options", "progress", "claim_next")
+            inner = value if isinstance(value, dict) and name in nested_fields else {}
             for what, hostile in HOSTILE:
                 if name == "args" and what in ("deep", "list of NUL"):
                     continue  # a list: checked for its strings and depth below

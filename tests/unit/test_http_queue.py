@@ -155,6 +155,65 @@ def test_a_finish_sends_the_outcome_and_the_retry_policy(
     assert ended is not None and ended.state == "pending"
 
 
+JOB = {
+    "id": 8, "task": "tests.echo", "queue": "default", "args": [], "kwargs": {}, "attempt": 1,
+    "max_attempts": 3, "timeout": None, "parent_id": None, "lease": "next-lease",
+}  # fmt: skip
+
+
+def test_a_finish_and_claim_is_one_request_whose_answer_holds_the_next_job(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [(200, {"state": "done", "job": JOB}), (200, {"state": "done", "job": None})]
+
+    ended, claimed = queue.finish_and_claim(LEASE, "done", ["default"], ["tests.sleep"])
+
+    path, body = api.sent()
+    assert path == "/jobs/api/v1/jobs/7/finish" and len(api.requests) == 1
+    assert body["claim_next"] == {"queues": ["default"], "tasks": ["tests.echo"]}
+    assert (body["lease"], body["outcome"]) == ("opaque-lease", "done")
+    assert ended is not None and ended.state == "done"
+    assert claimed is not None and claimed.lease == Lease(8, 1, "w:1:abc", "next-lease")
+    # Nothing ready: no job, and no second request; every queue of the token: no "queues".
+    assert queue.finish_and_claim(LEASE, "done", [], [])[1] is None
+    assert len(api.requests) == 2 and api.sent()[1]["claim_next"] == {
+        "tasks": ["tests.echo", "tests.sleep"]
+    }
+
+
+def test_a_finish_and_claim_whose_lease_is_lost_claims_nothing(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    api.answers = [(409, {"error": "lease lost", "field": "lease"})]
+    assert queue.finish_and_claim(LEASE, "done", ["default"], []) == (None, None)
+    assert len(api.requests) == 1
+
+
+def test_a_refused_finish_and_claim_is_sent_again_as_a_finish_then_a_claim(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    refused = (403, {"error": "this token does not hold queue 'x'", "field": "claim_next.queues"})
+    api.answers = [refused, (200, {"state": "done"}), (200, {"job": JOB})]
+
+    ended, claimed = queue.finish_and_claim(LEASE, "done", ["x"], [])
+
+    assert [path for path, _, _ in api.requests] == [
+        "/jobs/api/v1/jobs/7/finish", "/jobs/api/v1/jobs/7/finish", "/jobs/api/v1/claim"
+    ]  # fmt: skip
+    assert "claim_next" not in api.requests[1][2]
+    assert ended is not None and ended.state == "done" and claimed is not None
+
+
+def test_a_server_without_claim_next_gets_a_claim_of_its_own(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    # An older server ignores the field, and answers the finish alone.
+    api.answers = [(200, {"state": "done"}), (204, None)]
+    ended, claimed = queue.finish_and_claim(LEASE, "done", ["default"], [])
+    assert ended is not None and ended.state == "done" and claimed is None
+    assert api.sent()[0] == "/jobs/api/v1/claim" and len(api.requests) == 2
+
+
 def test_a_lost_lease_or_a_deleted_job_changes_nothing_and_raises_nothing(
     api: ScriptedApi, queue: HttpQueue
 ) -> None:

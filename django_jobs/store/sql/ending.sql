@@ -10,6 +10,24 @@ SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(wor
                                  %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
                                  %(retry_delay)s::float8)
 
+-- name: call_finish_then_claim
+-- The HTTP API's finish that also claims the worker's next job (v1/jobs/<id>/finish with
+-- claim_next): call_finish, then call_claim for the same worker, but only if the finish matched
+-- the lease. One statement, so one transaction in one round trip, as a database worker's
+-- finish_and_claim. A lost lease claims nothing: the API answers it with the one generic 409,
+-- which carries no job. The claim is the LATERAL side of a LEFT JOIN with no join condition, so
+-- the only plan is a nested loop whose outer side, the finish, runs to its end first; with no
+-- finish row, the claim is never called. Each function takes a new snapshot per statement, so
+-- the claim sees what the finish wrote (a queue or key slot it freed). One row: the finish's
+-- four columns, then the claim's (all NULL when no job was ready).
+SELECT f.state, f.parent_id, f.has_dependents, f.has_children, c.*
+FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
+                        %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
+                        %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
+                        %(retry_delay)s::float8) AS f
+LEFT JOIN LATERAL django_jobs_claim(%(worker_id)s::text, %(queues)s::text[],
+                                    %(skip_tasks)s::text[]) AS c ON true
+
 -- name: reap
 -- transition: end attempt
 -- The reaper's end of an attempt: the worker's finish (django_jobs_finish, which decides the

@@ -37,6 +37,18 @@ FROM django_jobs_job o
 WHERE o.state = 'running' AND o.worker_id = %(id)s AND o.id <> ALL(%(known_ids)s::bigint[])
   AND EXISTS (SELECT 1 FROM beat)
 
+-- name: register_worker
+-- The HTTP API's claims (a claim, a finish that claims the next job) register their worker, once
+-- per heartbeat interval, so that the reaper knows it: the heartbeat's refresh of the worker's
+-- row without its report on leases and orphans, which nobody would read. Sent in the same round
+-- trip and transaction as the claim (store.claim and finish_then_claim, register=).
+-- Index: the worker table's primary key.
+INSERT INTO django_jobs_worker (id, name, host, pid, queues, concurrency, pod, tasks,
+                                started_at, last_seen_at)
+VALUES (%(id)s, %(name)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(pod)s,
+        %(tasks)s::jsonb, now(), now())
+ON CONFLICT (id) DO UPDATE SET last_seen_at = now()
+
 -- name: unregister_worker
 -- A worker that stops removes its own row. Index: the worker table's primary key.
 DELETE FROM django_jobs_worker WHERE id = %(id)s
