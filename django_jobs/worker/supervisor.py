@@ -117,8 +117,11 @@ class Supervisor:
         if db is None:
             connection = QueueConnection(alias, self.worker_id, on_connect=self.observer.connected)
             db, duties = PostgresQueue(connection), PostgresDuties(connection)
-            # Finishes are sent while the loop serves the other executors (round_trip.py).
-            round_trip = RoundTrip()
+            # Finishes are sent while the loop serves the other executors (round_trip.py). With
+            # one slot there is nothing to serve meanwhile: the next job comes with the finish,
+            # and handing the call to a thread would only cost CPU.
+            if concurrency > 1:
+                round_trip = RoundTrip()
         self.db: Queue = db
         self.duties = duties
         self.pool = pool or ExecutorPool(concurrency, observer=self.observer)
