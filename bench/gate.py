@@ -99,13 +99,14 @@ class Tolerance:
 #: start-up and shutdown statements and the time-driven heartbeats, spread over the jobs (a few
 #: thousandths per job); buffers and WAL records repeat exactly on the fixed table, the slack is
 #: for a change of PostgreSQL version or page layout; the CPU ratio's median ranged from 2.2 to
-#: 3.45 over eleven runs on a 2-core machine under a load average of 9 to 22 (docs/benchmarks.md,
-#: "The cost gate"), hence 60 %.
+#: 3.45 over eleven runs on a 2-core machine under a load average of 9 to 22, and single runs
+#: from 3.2 to 5.1 on the same machine at rest (docs/benchmarks.md, "The cost gate"): the
+#: baseline keeps the highest run, and the gate fails on a doubling.
 TOLERANCES = {
     "per_job": Tolerance(0.05, why="statements or round trips per job"),
     "buffers": Tolerance(3, 0.10, why="buffers (shared hit + read)"),
     "wal_records": Tolerance(3, 0.10, why="WAL records"),
-    "cpu_ratio": Tolerance(0.0, 0.60, why="CPU per job / the floor's, same run"),
+    "cpu_ratio": Tolerance(0.0, 1.00, why="CPU per job / the floor's, same run"),
 }
 
 
@@ -177,12 +178,26 @@ def baseline_document(measurement: dict[str, Any]) -> dict[str, Any]:
             " trips per job of a django-jobs worker on no-op jobs (median of the runs), buffers"
             " and WAL records of EXPLAIN (ANALYZE, BUFFERS, WAL) on a fixed table (median of"
             " the rounds), and the CPU per job of the worker and its backend over the floor's"
-            " (median of the interleaved runs). Tolerances: TOLERANCES in bench/gate.py."
+            " (the highest of the interleaved runs). Tolerances: TOLERANCES in bench/gate.py."
             f" Refresh with `{UPDATE_COMMAND}` (docs/benchmarks.md, 'The cost gate')."
         ),
         "settings": measurement["settings"],
-        "figures": {name: round(value, 4) for name, value in measurement["figures"].items()},
+        "figures": {
+            name: round(_baseline_value(name, value, measurement["runs"]), 4)
+            for name, value in measurement["figures"].items()
+        },
     }
+
+
+def _baseline_value(name: str, value: float, runs: list[dict[str, Any]]) -> float:
+    """What the baseline keeps of a figure: the measurement (a median), but for a CPU ratio the
+    highest of the runs. The ratio of one run to the next moved between 3.2 and 5.1 on a quiet
+    2-core machine; a baseline taken at a low run would put the limit within reach of an
+    ordinary one, and the gate would fail on noise."""
+    if not name.endswith(".cpu_ratio"):
+        return value
+    key = name.removesuffix(".cpu_ratio")
+    return max([value, *(run[key]["cpu_ratio"] for run in runs if key in run)])
 
 
 # ------------------------------------------------------------------ the measurement
