@@ -4,34 +4,19 @@ revoked and deleted, each only with its permission."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from django_jobs.api import thread_pool
-from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken
 from django_jobs.tokens import auth
+from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 from tests.integration.test_api import Api
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = "/admin/django_jobs/apitoken/"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def api_pool() -> Iterator[None]:
-    yield
-    dispatcher.stop()
-    thread_pool.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache() -> Iterator[None]:
-    auth.cache.forget()
-    yield
 
 
 def staff(name: str, *codenames: str) -> tuple[User, Client]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,8 +18,6 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_jobs.api import authentication, thread_pool
-from django_jobs.api.operations import registrations
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken, Attempt, Job, Worker
 from django_jobs.reaper import reap_pass
@@ -28,23 +25,9 @@ from django_jobs.registry import registry
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
 from tests.conftest import connect
+from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def api_pool() -> Iterator[None]:
-    yield
-    dispatcher.stop()
-    thread_pool.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    auth.cache.forget()
-    authentication.failures.forget()
-    registrations._at.clear()
-    yield
 
 
 def make_token(queues: tuple[str, ...] = ("default", "remote"), **options: Any) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,29 +17,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from django_jobs import store
-from django_jobs.api import authentication, operations, protocol, thread_pool
+from django_jobs.api import operations, protocol
 from django_jobs.api.operations import registrations
-from django_jobs.api.waiting import dispatcher
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.queues import controls
 from django_jobs.tokens import auth
+from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def api_pool() -> Iterator[None]:
-    yield
-    dispatcher.stop()
-    thread_pool.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    auth.cache.forget()
-    authentication.failures.forget()
-    registrations._at.clear()
-    yield
 
 
 class Answer:

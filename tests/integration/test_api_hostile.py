@@ -17,30 +17,15 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from django_jobs.api import protocol, thread_pool, views
-from django_jobs.api.operations import registrations
-from django_jobs.api.waiting import dispatcher
+from django_jobs.api import protocol, views
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.tokens import auth
+from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: The statuses a request of a hostile client may get.
 REFUSALS = {400, 401, 403, 404, 409, 413}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def api_pool() -> Iterator[None]:
-    yield
-    dispatcher.stop()
-    thread_pool.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    auth.cache.forget()
-    registrations._at.clear()
-    yield
 
 
 class Answer:

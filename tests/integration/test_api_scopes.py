@@ -12,7 +12,6 @@ import datetime
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,31 +20,17 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs.api import protocol, thread_pool
-from django_jobs.api.operations import registrations
+from django_jobs.api import protocol
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken, Attempt, Job
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
+from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 from tests.integration.test_api import Api, claimed, make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 GENERIC_409 = protocol.lease_lost().body()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def api_pool() -> Iterator[None]:
-    yield
-    dispatcher.stop()
-    thread_pool.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    auth.cache.forget()
-    registrations._at.clear()
-    yield
 
 
 def forged(job: dict[str, Any], api: Api, *, worker: str = "w1", attempt: Any = None) -> str:
