@@ -5,23 +5,31 @@ Define jobs with :func:`job`, enqueue them with ``task.enqueue(...)``, run them 
 """
 
 from django_jobs.exceptions import (
+    Cancelled,
     DependencyError,
     Fail,
     InvalidOption,
     InvalidPayload,
+    InvalidStepResult,
     JobsError,
+    LeaseLost,
     Retry,
+    StepError,
     UnknownTask,
 )
 from django_jobs.tasks import Task, job, remote_job
 
 __all__ = [
+    "Cancelled",
     "DependencyError",
     "Fail",
     "InvalidOption",
     "InvalidPayload",
+    "InvalidStepResult",
     "JobsError",
+    "LeaseLost",
     "Retry",
+    "StepError",
     "Task",
     "UnknownTask",
     "job",

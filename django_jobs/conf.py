@@ -324,6 +324,14 @@ def progress_interval() -> float:
     return float(_get("JOBS_PROGRESS_INTERVAL", 2.0))
 
 
+def cursor_interval() -> float:
+    """``JOBS_CURSOR_INTERVAL``: the fewest seconds between two writes of a running job's cursors
+    (``context.save_cursor``) by its worker, which writes the newest values; the last values are
+    always written when the attempt ends or is released. A worker killed outright loses at most
+    this many seconds of saves. Default 0.05."""
+    return max(0.0, float(_get("JOBS_CURSOR_INTERVAL", 0.05)))
+
+
 def capture_log_level() -> int:
     """``JOBS_CAPTURE_LOG_LEVEL``: the lowest level of the log records a job's attempt keeps (a
     level name or number). Default ``"INFO"``."""

@@ -1,4 +1,6 @@
-"""What a job function sees of its own run, when its task has ``takes_context=True``."""
+"""What a job function sees of its own run, when its task has ``takes_context=True``: its
+attempt and lease, its progress, cancellation, children, and the steps and cursors that let a
+long job resume where an interrupted attempt stopped (django_jobs/steps/)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from typing import Any
 from django.db import connections
 
 from django_jobs import conf
-from django_jobs.exceptions import SpawnRefused
+from django_jobs.exceptions import Cancelled, SpawnRefused
 from django_jobs.progress import BadProgress, Progress, checked
-from django_jobs.store import db, job_reads
+from django_jobs.steps.run import ApiDoor, DatabaseDoor, RunCheckpoint, lease_lost
+from django_jobs.store import Checkpoint, Lease, db, job_reads
 
 #: The job's own logger (its records are captured with the job's log, see worker/capture.py).
 logger = logging.getLogger("django_jobs.job")
@@ -31,6 +34,16 @@ class JobContext:
     #: Where :meth:`progress` sends a report: the executor's pipe to its supervisor.
     report_progress: Callable[[Progress], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
+    )
+    #: Where :meth:`save_cursor` sends a cursor in an executor (its worker writes it); None:
+    #: each save is written at once.
+    report_cursor: Callable[[str, str], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+    #: The checkpoint the claim brought (a worker of the HTTP API); None: read when needed.
+    checkpoint: Checkpoint | None = dataclasses.field(default=None, repr=False, compare=False)
+    _run: list[RunCheckpoint] = dataclasses.field(
+        default_factory=list, init=False, repr=False, compare=False
     )
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
@@ -73,6 +86,84 @@ class JobContext:
             return self.lease is not None  # deleted under a running job
         return stop
 
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~django_jobs.Cancelled` once this job's cancellation was requested, and
+        :class:`~django_jobs.LeaseLost` once this run lost its lease; else return. One cheap
+        query (on a worker of the HTTP API, one request): call it between items or steps. A job
+        that lets ``Cancelled`` propagate ends ``cancelled``, its attempt too."""
+        api = self._api()
+        if api is not None:
+            status, answer = api.post(f"v1/jobs/{self.job_id}/heartbeat", {"lease": self.lease})
+            if status != 200:
+                raise lease_lost(self._lease(), "the cancellation check")
+            if answer.get("cancel_requested"):
+                raise Cancelled(f"job {self.job_id}: cancellation was requested")
+            return
+        with connections[conf.database_alias()].cursor() as cursor:
+            stop = job_reads.stop_reason(cursor, self.job_id, self.lease)
+        if stop == job_reads.CANCEL_REQUESTED:
+            raise Cancelled(f"job {self.job_id}: cancellation was requested")
+        if stop is not None:
+            raise lease_lost(self._lease(), "the cancellation check")
+
+    # ------------------------------------------------------------------ steps and cursors
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the step ``name`` of this job, once across all its
+        attempts: the first attempt that completes it records its JSON result, durably and
+        fenced on this run's lease, before this call returns; every later attempt (after a
+        failure and retry, a crash and a reap, a release at shutdown) gets the recorded result
+        back without calling ``fn``. The result is returned as JSON gives it back (a tuple as a
+        list), the same on every attempt.
+
+        A name is unique within a job: using one twice in one attempt raises
+        :class:`~django_jobs.StepError`, and so does a step inside another. A result that is
+        not plain JSON, or larger than ``JOBS_MAX_PAYLOAD_BYTES``, raises
+        :class:`~django_jobs.InvalidStepResult` and is not recorded. Children spawned by ``fn``
+        are the step's: a retry that replays past the step does not spawn them again. Raises
+        :class:`~django_jobs.LeaseLost`, recording nothing, if this run lost its lease."""
+        return self._checkpoint().step(name, fn, args, kwargs)
+
+    def cursor(self, name: str, default: Any = None) -> Any:
+        """The value last saved for the cursor ``name`` by any attempt of this job
+        (:meth:`save_cursor`), or ``default`` if none was."""
+        return self._checkpoint().cursor(name, default)
+
+    def save_cursor(self, name: str, value: Any) -> None:
+        """Save ``value`` (plain JSON, at most ``JOBS_MAX_PAYLOAD_BYTES``) as the cursor
+        ``name``, for a later attempt to resume from: fenced on this run's lease, and cheap
+        enough to call per item. In a worker the newest values are written with the run's
+        progress, at most once per ``JOBS_CURSOR_INTERVAL`` (0.05 s), and always before the
+        attempt's end or its release at shutdown; a worker killed outright loses at most the
+        saves of that interval, so a resumed loop may redo the last few items. Raises
+        :class:`~django_jobs.InvalidStepResult` for a value that cannot be saved, and
+        :class:`~django_jobs.LeaseLost` where the save is written at once and the run lost its
+        lease."""
+        self._checkpoint().save_cursor(name, value)
+
+    def is_owner(self) -> bool:
+        """Whether this run still owns its job: the job is running this very claim (one cheap
+        query, or one request to the HTTP API). Check it before a write to another system that
+        must not race a later run; or, better, pass :attr:`lease` along as a fencing token."""
+        if self.lease is None:
+            return True  # a run without a claim (called directly): nobody else can own it
+        return self._checkpoint().door.is_owner()
+
+    def _lease(self) -> Lease:
+        return Lease(self.job_id, self.attempt, self.worker_id, self.lease)
+
+    def _checkpoint(self) -> RunCheckpoint:
+        if not self._run:
+            api = self._api()
+            door: Any
+            if api is not None:
+                assert self.lease is not None
+                door = ApiDoor(api, self.job_id, self.lease, self.checkpoint)
+            else:
+                door = DatabaseDoor(self._lease())
+            self._run.append(RunCheckpoint(door, self.report_cursor))
+        return self._run[0]
+
     def spawn(self, task: Any, *args: Any, **kwargs: Any) -> Any:
         """Enqueue a child job of this job (``task`` is a ``@job`` function or its name).
 
@@ -89,7 +180,10 @@ class JobContext:
         alias = conf.database_alias()
         with db.atomic(alias):
             self._check_may_spawn(alias)
-            return resolved.using(parent=self.job_id).enqueue(*args, **kwargs)
+            child = resolved.using(parent=self.job_id).enqueue(*args, **kwargs)
+        if self._run:
+            self._run[0].spawned_child(child.pk)
+        return child
 
     def _api(self) -> Any:
         """The HTTP API this run's worker takes its jobs from, or None (a worker of the job
@@ -135,6 +229,8 @@ class JobContext:
         if status != 201:
             raise InvalidOption(f"the API refused the child job: {answer}")
         child = answer["job"]
+        if self._run:
+            self._run[0].spawned_child(child["id"])
         return Job(
             pk=child["id"],
             task=child["task"],

@@ -73,6 +73,21 @@ def _check_json(value: Any, path: str, depth: int = 0) -> Any:
     )
 
 
+def checked_json(value: Any, path: str) -> Any:
+    """``value`` as plain JSON (tuples become lists); raises :class:`InvalidPayload` naming the
+    element, below ``path``, that is not (a step's result and a cursor's value are checked so)."""
+    return _check_json(value, path)
+
+
+def encode_json(value: Any) -> str:
+    """Plain JSON ``value`` as compact JSON text; raises :class:`InvalidPayload` for what the
+    encoder refuses (an int too long to write out, say)."""
+    try:
+        return _JSON.encode(value)
+    except ValueError as exc:
+        raise InvalidPayload(f"it cannot be written as JSON: {exc}") from None
+
+
 def _encode(
     args: Sequence[Any], kwargs: Mapping[str, Any], limit: int | None = None
 ) -> tuple[str, str, list, dict]:

@@ -65,6 +65,26 @@ class SpawnRefused(JobsError):
     its lease (another run owns the job now). Nothing was created; the job should stop."""
 
 
+class LeaseLost(JobsError):
+    """This run of a job no longer owns it: the job was reaped, re-claimed or ended under another
+    run (the worker's heartbeats stopped committing, say), or deleted. Raised in job code by a
+    step or cursor save, which recorded nothing, and by ``context.raise_if_cancelled()``. The job
+    should stop: whatever it writes now races the run that owns the job."""
+
+
+class StepError(JobsError, ValueError):
+    """A ``context.step()`` or ``context.save_cursor()`` that cannot be made as asked: a name
+    that is empty, too long or used twice in one attempt, a step started inside another, or a
+    step called inside ``transaction.atomic()``. Nothing was recorded."""
+
+
+class InvalidStepResult(StepError):
+    """A step's function returned a value that cannot be recorded (not plain JSON, or larger
+    than ``JOBS_MAX_PAYLOAD_BYTES``), or a cursor's value is such a value. The step is not
+    recorded; raised from a step, it fails the attempt for good, since running the step again
+    would return the same."""
+
+
 class ApiRefused(JobsError):
     """The jobs HTTP API refused a worker's request (400, 401, 403, 404...): a bad or revoked
     token, a queue the token does not hold, a wrong ``--api`` URL, a value it cannot store.
@@ -100,6 +120,16 @@ class Fail(Exception):
 
     #: The class an attempt's error names, when it is not this one's own.
     reported_as: ClassVar[type[BaseException] | None] = None
+
+
+class Cancelled(Exception):
+    """Raise from a job (or let ``context.raise_if_cancelled()`` raise it) to end it
+    ``cancelled`` at once: its attempt's outcome is ``cancelled``, not ``error``, it is not
+    retried, and its dependents are cancelled as for any cancelled job."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason or "cancelled")
 
 
 class InvalidResult(Fail, TypeError):

@@ -98,9 +98,15 @@ def _job_id(entry: Any) -> int:
     return int(getattr(entry, "job_id", entry))
 
 
-def retry(queryset: QuerySet[Job]) -> ActionReport:
+def retry(queryset: QuerySet[Job], *, from_start: bool = False) -> ActionReport:
     """Requeue jobs in error or cancelled, with a fresh budget of attempts each. A job whose
-    unique key another active job holds is skipped, with a note that names that job."""
+    unique key another active job holds is skipped, with a note that names that job. A job
+    resumes from its recorded steps and cursors; ``from_start``: they are forgotten, in the
+    retry's own transaction, and it runs again from the beginning."""
+
+    def retried(cursor: Cursor, budgets: dict[int, int]) -> store.Changes:
+        with db.atomic(conf.database_alias()):
+            return store.retry_many(cursor, budgets, from_start=from_start)
 
     def change(cursor: Cursor, batch: list[int]) -> store.Changes:
         rows = Job.objects.using(conf.database_alias()).filter(
@@ -112,16 +118,14 @@ def retry(queryset: QuerySet[Job]) -> ActionReport:
         if not budgets:
             return store.Changes()
         try:
-            with db.atomic(conf.database_alias()):
-                return store.retry_many(cursor, budgets)
+            return retried(cursor, budgets)
         except IntegrityError:
             # A job with the same unique key was enqueued at this very moment: go one by one,
             # so that only the jobs whose key is taken are skipped.
             result = store.Changes()
             for pk, budget in budgets.items():
                 try:
-                    with db.atomic(conf.database_alias()):
-                        one = store.retry_many(cursor, {pk: budget})
+                    one = retried(cursor, {pk: budget})
                 except IntegrityError:
                     continue
                 result.changed += one.changed

@@ -1,10 +1,10 @@
 """The tables of django-jobs, one module per table or feature: jobs
 (:mod:`~django_jobs.models.job`), their attempts (:mod:`~django_jobs.models.attempt`) and
-dependencies (:mod:`~django_jobs.models.dependency`), live workers
-(:mod:`~django_jobs.models.live_worker`), periodic jobs (:mod:`~django_jobs.models.schedule`), queue
-controls (:mod:`~django_jobs.models.queue_control`) and API tokens
-(:mod:`~django_jobs.models.api_token`). Tables and constraints only: what changes rows lives in
-:mod:`django_jobs.store` and the feature folders."""
+dependencies (:mod:`~django_jobs.models.dependency`), steps (:mod:`~django_jobs.models.step`),
+live workers (:mod:`~django_jobs.models.live_worker`), periodic jobs
+(:mod:`~django_jobs.models.schedule`), queue controls (:mod:`~django_jobs.models.queue_control`)
+and API tokens (:mod:`~django_jobs.models.api_token`). Tables and constraints only: what changes
+rows lives in :mod:`django_jobs.store` and the feature folders."""
 
 from django_jobs.models.api_token import ApiToken
 from django_jobs.models.attempt import Attempt
@@ -13,6 +13,7 @@ from django_jobs.models.job import Dashboard, Job, TransactionNow
 from django_jobs.models.live_worker import Worker
 from django_jobs.models.queue_control import Queue
 from django_jobs.models.schedule import Schedule, ScheduleTick
+from django_jobs.models.step import Step
 
 # The states and outcomes the tables hold, importable from here as they always were.
 from django_jobs.states import (  # noqa: F401
@@ -32,6 +33,7 @@ __all__ = [
     "Queue",
     "Schedule",
     "ScheduleTick",
+    "Step",
     "TransactionNow",
     "Worker",
 ]

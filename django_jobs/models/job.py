@@ -93,6 +93,10 @@ class Job(models.Model):
         help_text="At most concurrency_limit running jobs share this key, across all workers.",
     )
     concurrency_limit = models.IntegerField(null=True, blank=True, editable=False)
+    #: The job's cursors (``context.save_cursor``), by name: ``{"name": {"value": ..., "attempt":
+    #: 2, "saved_at": "..."}}``, kept across attempts. Written in place with the run's progress
+    #: (no index covers it, so the update stays HOT); NULL for a job that saved none.
+    cursors = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "django_jobs_job"
@@ -290,16 +294,18 @@ class Job(models.Model):
         self.refresh_from_db()
         return changed[0].state if changed else None
 
-    def retry(self) -> bool:
+    def retry(self, *, from_start: bool = False) -> bool:
         """Requeue this job if it ended in error or was cancelled, with a fresh budget of
-        attempts (its task's ``max_attempts``). Returns False if its state does not allow it,
-        a dependency is not done, or another active job holds its unique key."""
+        attempts (its task's ``max_attempts``). It resumes from its recorded steps and cursors;
+        ``from_start``: they are forgotten, and it runs again from the beginning. Returns False
+        if its state does not allow it, a dependency is not done, or another active job holds
+        its unique key."""
         from django_jobs import store
         from django_jobs.registry import registry
 
         budget = registry.max_attempts_for(self.task, self.max_attempts)
         with connections[self._state.db or "default"].cursor() as cursor:
-            done = store.retry(cursor, self.pk, budget)
+            done = store.retry(cursor, self.pk, budget, from_start=from_start)
         self.refresh_from_db()
         return done
 

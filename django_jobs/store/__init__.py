@@ -17,7 +17,8 @@ modules:
 - ``claiming``: the claim, and the :class:`Lease` and :class:`ClaimedJob` it returns;
 - ``ending``: finish, reap, release and hand back, the ends of a claim;
 - ``workers``: heartbeats, the reaper's view of running jobs, workers' pods, forgetting a worker;
-- ``live_attempts``: a running attempt's progress and captured log;
+- ``live_attempts``: a running attempt's progress, cursors and captured log;
+- ``steps``: a long job's checkpoint, its recorded steps and its cursors, and its lease's owner;
 - ``control``: operators' actions over batches of ids (cancel, retry, run now);
 - ``job_reads``: what a running job, and the API serving its worker, read of one job;
 - ``job_inserts``: writing new jobs, one row or many (``COPY``);
@@ -69,6 +70,17 @@ from django_jobs.store.ending import (
     release,
 )
 from django_jobs.store.live_attempts import Recorded, record_live
+from django_jobs.store.steps import (
+    Checkpoint,
+    StepInfo,
+    StepRecord,
+    checkpoint,
+    clear_checkpoint,
+    job_steps,
+    owns_lease,
+    record_step,
+    step_result,
+)
 from django_jobs.store.workers import (
     Beat,
     LeaseStatus,
@@ -94,6 +106,7 @@ __all__ = [
     "Beat",
     "Cancelled",
     "Changes",
+    "Checkpoint",
     "ClaimedJob",
     "Ended",
     "HandBack",
@@ -101,22 +114,29 @@ __all__ = [
     "LeaseStatus",
     "Recorded",
     "RunningJob",
+    "StepInfo",
+    "StepRecord",
     "WorkerInfo",
     "WorkerPod",
     "attempt_outcome",
     "cancel_without_cascade",
     "changes_of",
+    "checkpoint",
     "claim",
     "claim_branch",
     "claim_sql",
+    "clear_checkpoint",
     "delete_worker_if_idle",
     "finish",
     "finish_and_claim",
     "finish_then_claim",
     "hand_back",
     "heartbeat",
+    "job_steps",
+    "owns_lease",
     "reap",
     "record_live",
+    "record_step",
     "record_worker_boot",
     "registration",
     "release",
@@ -125,6 +145,7 @@ __all__ = [
     "run_now",
     "run_now_many",
     "running_jobs",
+    "step_result",
     "unique_key_holders",
     "unregister_worker",
     "until_free",

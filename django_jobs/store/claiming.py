@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
 from django_jobs.store.sql import query
+
+if TYPE_CHECKING:
+    from django_jobs.store.steps import Checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,9 @@ class ClaimedJob:
     max_attempts: int
     timeout: int | None
     parent_id: int | None
+    #: The job's recorded steps and cursors, where the claim read them (the HTTP API's); None:
+    #: not read (a worker's run reads them if it asks for a step or a cursor).
+    checkpoint: Checkpoint | None = None
 
     @property
     def id(self) -> int:

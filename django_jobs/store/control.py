@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
 from django_jobs.store.sql import query
+from django_jobs.store.steps import clear_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +94,14 @@ def cancel_without_cascade(
 # single-job functions use the set-based forms.
 
 
-def retry(cursor: Cursor, job_id: int, budget: int) -> bool:
+def retry(cursor: Cursor, job_id: int, budget: int, *, from_start: bool = False) -> bool:
     """Requeue a job that ended in error or was cancelled, ready now, with ``budget`` more
-    attempts. False if its state does not allow it, a dependency is not done, or another active
-    job holds its unique key."""
-    result = until_free(lambda ids: retry_many(cursor, {i: budget for i in ids}), [job_id])
+    attempts; it resumes from its recorded steps and cursors, or, ``from_start``, forgets them.
+    False if its state does not allow it, a dependency is not done, or another active job holds
+    its unique key."""
+    result = until_free(
+        lambda ids: retry_many(cursor, {i: budget for i in ids}, from_start=from_start), [job_id]
+    )
     return result.changed == [job_id]
 
 
@@ -106,10 +110,16 @@ def run_now(cursor: Cursor, job_id: int) -> bool:
     return until_free(lambda ids: run_now_many(cursor, ids), [job_id]).changed == [job_id]
 
 
-def retry_many(cursor: Cursor, budgets: dict[int, int]) -> Changes:
-    """:func:`retry` for many jobs (id -> attempt budget); ``changed`` has the ids requeued."""
+def retry_many(cursor: Cursor, budgets: dict[int, int], *, from_start: bool = False) -> Changes:
+    """:func:`retry` for many jobs (id -> attempt budget); ``changed`` has the ids requeued.
+    ``from_start``: their steps and cursors are forgotten, in the retry's transaction."""
     params = {"ids": list(budgets), "budgets": list(budgets.values())}
-    return changes_of(db.execute(cursor, query("retry_many"), params))
+    if not from_start:
+        return changes_of(db.execute(cursor, query("retry_many"), params))
+    with db.transaction(cursor):
+        changes = changes_of(db.execute(cursor, query("retry_many"), params))
+        clear_checkpoint(cursor, changes.changed)
+    return changes
 
 
 def run_now_many(cursor: Cursor, ids: Sequence[int]) -> Changes:

@@ -27,6 +27,25 @@ def stop_wanted(cursor: Cursor, job_id: int, lease: str | None) -> bool | None:
     return None if row is None else bool(row.stop)
 
 
+#: Why a run should stop (:func:`stop_reason`).
+CANCEL_REQUESTED = "cancel_requested"
+LEASE_LOST = "lease_lost"
+
+
+class _Reason(NamedTuple):
+    reason: str | None
+
+
+def stop_reason(cursor: Cursor, job_id: int, lease: str | None) -> str | None:
+    """Why the run of ``job_id`` under ``lease`` should stop: :data:`LEASE_LOST` (also for a
+    job that was deleted), :data:`CANCEL_REQUESTED`, or None if it should go on."""
+    result = db.execute(cursor, query("stop_reason"), {"id": job_id, "lease": lease})
+    row = db.fetch_one_as(result, _Reason)
+    if row is None:
+        return LEASE_LOST if lease is not None else None
+    return row.reason
+
+
 class SpawningParent(NamedTuple):
     """A job about to spawn a child, locked against its deletion until the child is committed."""
 

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from django_jobs.exceptions import Fail, Retry, UnknownTask
+from django_jobs.exceptions import Cancelled, Fail, InvalidStepResult, Retry, UnknownTask
 from django_jobs.worker.capture import Sink, captured
 from django_jobs.worker.fence import Watchdog, die_with_parent
 
 if TYPE_CHECKING:
     from django_jobs.progress import Progress
+    from django_jobs.store import Checkpoint
     from django_jobs.tasks import Task
 
 
@@ -44,6 +45,18 @@ class Assignment:
     args_json: str
     kwargs_json: str
     lease: str | None = None
+    #: The job's recorded steps and cursors, where the claim brought them (the HTTP API); None:
+    #: the run reads them from the job database if it asks for a step or a cursor.
+    checkpoint: Checkpoint | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CursorSaves:
+    """Cursors a job saved (name -> the value's JSON text), sent to the supervisor, which writes
+    the newest with the run's progress (worker/live.py)."""
+
+    job_id: int
+    cursors: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +64,7 @@ class Report:
     """What an executor says about the job it ran."""
 
     job_id: int
-    outcome: str  # "done" or "error"
+    outcome: str  # "done", "error" or "cancelled"
     result_json: str | None = None
     error: str = ""
     traceback: str = ""
@@ -99,6 +112,9 @@ class ProgressOut:
         self.pipe = pipe
         self.every = every
         self.pending: Progress | None = None
+        #: Cursors saved since the last send, of the job of ``cursors_of``.
+        self.cursors: dict[str, str] = {}
+        self.cursors_of = 0
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.next_send = 0.0
@@ -111,12 +127,30 @@ class ProgressOut:
                 self._start()
             self.wake.set()
 
+    def cursor(self, job_id: int, name: str, value_json: str) -> None:
+        """Keep a cursor save of ``job_id`` to send (the newest per name), as :meth:`__call__`
+        keeps progress."""
+        with self.lock:
+            if self.cursors_of != job_id:
+                self.cursors, self.cursors_of = {}, job_id
+            self.cursors[name] = value_json
+        if not self.wake.is_set():
+            if self.thread is None:
+                self._start()
+            self.wake.set()
+
     def flush(self) -> None:
-        """Send the pending value now, if there is one."""
+        """Send the pending values now, if there are any."""
         from django_jobs.sanitize import mask_text
 
         with self.lock:
             value, self.pending = self.pending, None
+            if self.cursors:
+                saves = CursorSaves(self.cursors_of, self.cursors)
+                self.cursors = {}
+                self.next_send = time.monotonic() + self.every
+                with contextlib.suppress(OSError):
+                    self.pipe.send(saves)
             if value is None:
                 return
             if value.message:
@@ -150,6 +184,7 @@ def run_assignment(
     assignment: Assignment,
     report_progress: Callable[[Progress], None] | None = None,
     output: Sink | None = None,
+    report_cursor: Callable[[str, str], None] | None = None,
 ) -> Report:
     """Run one job function and describe the result, in text PostgreSQL can store (see
     storable.py: a NUL or invalid Unicode in an error message must not make the outcome
@@ -160,7 +195,7 @@ def run_assignment(
 
     prefix = f"[job {assignment.job_id}] "
     with captured(output, conf.capture_log_level(), conf.attempt_log_bytes(), prefix):
-        report = _run(assignment, report_progress)
+        report = _run(assignment, report_progress, report_cursor)
         sys.stdout.flush()
         sys.stderr.flush()
     return dataclasses.replace(
@@ -171,7 +206,11 @@ def run_assignment(
     )
 
 
-def _run(assignment: Assignment, report_progress: Callable[[Progress], None] | None) -> Report:
+def _run(
+    assignment: Assignment,
+    report_progress: Callable[[Progress], None] | None,
+    report_cursor: Callable[[str, str], None] | None = None,
+) -> Report:
     from django.db import close_old_connections
 
     from django_jobs.context import JobContext
@@ -200,6 +239,8 @@ def _run(assignment: Assignment, report_progress: Callable[[Progress], None] | N
         worker_id=assignment.worker_id,
         lease=assignment.lease,
         report_progress=report_progress,
+        report_cursor=report_cursor,
+        checkpoint=assignment.checkpoint,
     )
     try:
         if task.runner is not None:
@@ -219,7 +260,16 @@ def _run(assignment: Assignment, report_progress: Callable[[Progress], None] | N
             retryable=True,
             retry_after=exc.after,
         )
-    except Fail as exc:
+    except Cancelled as exc:
+        return Report(
+            job_id,
+            "cancelled",
+            error=f"Cancelled: {exc.reason or 'the job stopped itself on a cancel request'}",
+            traceback=format_exception(exc),
+            retryable=False,
+        )
+    except (Fail, InvalidStepResult) as exc:
+        # A step's result that cannot be recorded would be the same on every attempt.
         return Report(
             job_id, "error", error=_summary(exc), traceback=format_exception(exc), retryable=False
         )
@@ -272,8 +322,14 @@ def run_and_report(
     ``watchdog`` stops the job if the supervisor's heartbeats stop committing meanwhile."""
     if watchdog is not None:
         watchdog.running(assignment.job_id)
+    job_id = assignment.job_id
     try:
-        report = run_assignment(assignment, progress, output)
+        report = run_assignment(
+            assignment,
+            progress,
+            output,
+            lambda name, value_json: progress.cursor(job_id, name, value_json),
+        )
     finally:
         if watchdog is not None:
             watchdog.running(None)

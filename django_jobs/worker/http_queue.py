@@ -199,13 +199,21 @@ class HttpQueue:
         answer = self._job_call(lease, "outcome", {})
         return None if answer is None or answer["outcome"] is None else str(answer["outcome"])
 
-    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
-        body = {
+    def record_live(
+        self,
+        lease: Lease,
+        progress: Progress | None,
+        log: str | None,
+        cursors: dict[str, str] | None = None,
+    ) -> Recorded:
+        body: dict[str, Any] = {
             "progress": None
             if progress is None
             else {"done": progress.done, "total": progress.total, "message": progress.message},
             "log": log,
         }
+        if cursors:
+            body["cursors"] = {name: json.loads(value) for name, value in cursors.items()}
         answer = self._job_call(lease, "progress", body)
         if answer is None:
             return Recorded(False, False)

@@ -1,11 +1,15 @@
 """What the supervisor knows of each running attempt before it ends, and writes while it runs:
-the last progress its job reported, and the tail of what it printed and logged.
+the last progress its job reported, the cursors it saved, and the tail of what it printed and
+logged.
 
-An executor sends progress over its pipe, and its output down a second pipe as it is written
-(worker/capture.py); the pool keeps both in the slot's :class:`Watch`. :class:`LiveWrites`
-turns a watch into ``record_live`` writes (store/live_attempts.py), queued in the outbox on the
-worker's one connection: at most one per ``JOBS_PROGRESS_INTERVAL`` per job while it runs, each
-with the latest values, and always one more when the attempt ends, queued before its finish.
+An executor sends progress and cursor saves over its pipe, and its output down a second pipe as
+it is written (worker/capture.py); the pool keeps them in the slot's :class:`Watch`.
+:class:`LiveWrites` turns a watch into ``record_live`` writes (store/live_attempts.py), queued in
+the outbox on the worker's one connection: at most one per ``JOBS_PROGRESS_INTERVAL`` per job
+while it runs (per ``JOBS_CURSOR_INTERVAL`` when a cursor was saved), each with the latest
+values, and always one more when the attempt ends, queued before its finish or its release. A
+cursor save is so never lost when the job ends or is released at shutdown; a worker killed
+outright loses at most the saves of one cursor interval.
 Since the tail is kept here, a job whose process crashed or was killed for a timeout keeps
 what it had written up to then (but for a line it had not ended: see worker/capture.py).
 
@@ -59,10 +63,15 @@ class Watch:
     lease: Lease
     tail: Tail
     progress: Progress | None = None
+    # Cursors saved since the last write began, and those of a write in flight (sent again, with
+    # any newer values, if the outbox tries it again); name -> the value's JSON text.
+    unwritten: dict[str, str] = dataclasses.field(default_factory=dict)
+    in_flight: dict[str, str] = dataclasses.field(default_factory=dict)
     # Each report bumps a version; a write records the versions it wrote.
     progress_version: int = 0
     log_version: int = 0
-    written: tuple[int, int] = (0, 0)
+    cursor_version: int = 0
+    written: tuple[int, int, int] = (0, 0, 0)
     # When the last live write of this attempt was queued, and that write.
     queued_at: float = float("-inf")
     pending: Write | None = None
@@ -71,6 +80,10 @@ class Watch:
         self.progress = progress
         self.progress_version += 1
 
+    def saved(self, cursors: dict[str, str]) -> None:
+        self.unwritten.update(cursors)
+        self.cursor_version += 1
+
     def printed(self, data: bytes) -> None:
         if data and self.tail.limit:
             self.tail.add(data)
@@ -78,7 +91,14 @@ class Watch:
 
     @property
     def changed(self) -> bool:
-        return (self.progress_version, self.log_version) != self.written
+        return (self.progress_version, self.log_version, self.cursor_version) != self.written
+
+    def due_after(self, interval: float, cursor_interval: float) -> float:
+        """Seconds after the last write that the next is due: a cursor saved since makes it
+        due sooner."""
+        if self.cursor_version != self.written[2]:
+            return min(interval, cursor_interval)
+        return interval
 
 
 class LiveWrites:
@@ -90,16 +110,22 @@ class LiveWrites:
         outbox: Outbox,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
+        cursor_interval: float | None = None,
     ) -> None:
         self.db = db
         self.outbox = outbox
         self.interval = interval
+        self.cursor_interval = interval if cursor_interval is None else cursor_interval
         self.clock = clock
 
     def due_at(self, watches: Iterable[Watch]) -> float | None:
         """When (monotonic) the next live write is due, if one is."""
         return min(
-            (w.queued_at + self.interval for w in watches if w.changed and not self._queued(w)),
+            (
+                w.queued_at + w.due_after(self.interval, self.cursor_interval)
+                for w in watches
+                if w.changed and not self._queued(w)
+            ),
             default=None,
         )
 
@@ -108,7 +134,11 @@ class LiveWrites:
         the interval or has one queued still."""
         now = self.clock()
         for watch in watches:
-            if watch.changed and not self._queued(watch) and now >= watch.queued_at + self.interval:
+            if (
+                watch.changed
+                and not self._queued(watch)
+                and now >= watch.queued_at + watch.due_after(self.interval, self.cursor_interval)
+            ):
                 self._queue(watch, now)
 
     def last(self, watch: Watch | None) -> None:
@@ -127,13 +157,19 @@ class LiveWrites:
         def run() -> Recorded:
             # The latest values when the write is made, not when it was queued.
             nonlocal versions
-            versions = (watch.progress_version, watch.log_version)
+            versions = (watch.progress_version, watch.log_version, watch.cursor_version)
             progress = watch.progress if versions[0] != watch.written[0] else None
             log = watch.tail.text() if versions[1] != watch.written[1] else None
+            if watch.unwritten:
+                watch.in_flight = {**watch.in_flight, **watch.unwritten}
+                watch.unwritten = {}
+            if watch.in_flight:
+                return self.db.record_live(watch.lease, progress, log, watch.in_flight)
             return self.db.record_live(watch.lease, progress, log)
 
         def then(_: Recorded) -> None:
             watch.written = versions
+            watch.in_flight = {}
 
         watch.queued_at = now
         watch.pending = Write(f"record progress of job {watch.lease.job_id}", run, then)

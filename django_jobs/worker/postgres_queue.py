@@ -79,7 +79,13 @@ class Queue(Protocol):
 
     def attempt_outcome(self, lease: Lease) -> str | None: ...
 
-    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded: ...
+    def record_live(
+        self,
+        lease: Lease,
+        progress: Progress | None,
+        log: str | None,
+        cursors: dict[str, str] | None = None,
+    ) -> Recorded: ...
 
     def release(self, lease: Lease, reason: str) -> bool: ...
 
@@ -144,9 +150,15 @@ class PostgresQueue:
         with self.connection.cursor() as cursor:
             return store.attempt_outcome(cursor, lease)
 
-    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+    def record_live(
+        self,
+        lease: Lease,
+        progress: Progress | None,
+        log: str | None,
+        cursors: dict[str, str] | None = None,
+    ) -> Recorded:
         with self.connection.cursor() as cursor:
-            return store.record_live(cursor, lease, progress, log)
+            return store.record_live(cursor, lease, progress, log, cursors=cursors)
 
     def release(self, lease: Lease, reason: str) -> bool:
         with self.connection.cursor() as cursor:

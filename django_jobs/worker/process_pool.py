@@ -27,7 +27,7 @@ from typing import Any
 from django_jobs import conf
 from django_jobs.progress import Progress
 from django_jobs.store import ClaimedJob, Lease
-from django_jobs.worker.executor import Assignment, Report
+from django_jobs.worker.executor import Assignment, CursorSaves, Report
 from django_jobs.worker.fence import FENCED, Fence
 from django_jobs.worker.live import Tail, Watch
 from django_jobs.worker.observer import Observer
@@ -175,6 +175,7 @@ class ExecutorPool:
             args_json=job.args_json,
             kwargs_json=job.kwargs_json,
             lease=lease.token,
+            checkpoint=job.checkpoint,
         )
         # Pickled here in one call and written in one: the executor's ``recv()`` reads it as
         # if sent with ``send()``, which would build a pickler with its own dispatch table first.
@@ -271,6 +272,10 @@ class ExecutorPool:
         if isinstance(message, Progress):
             if slot.watch is not None and job is not None and message.job_id == job.id:
                 slot.watch.reported(message)
+            return None
+        if isinstance(message, CursorSaves):
+            if slot.watch is not None and job is not None and message.job_id == job.id:
+                slot.watch.saved(message.cursors)
             return None
         if message == "ready":
             slot.ready = True

@@ -136,7 +136,9 @@ class Supervisor:
         self.gate = QueueGate(self.db, round_trip)
         self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.outbox = Outbox(self.gate)
-        self.live = LiveWrites(self.db, self.outbox, conf.progress_interval())
+        self.live = LiveWrites(
+            self.db, self.outbox, conf.progress_interval(), cursor_interval=conf.cursor_interval()
+        )
         self.unknown_tasks = UnknownTasks(self.worker_id)
         worker_timeout = conf.worker_timeout()
         self.writes = JobWrites(

@@ -311,3 +311,61 @@ def import_customer(customer: int, seconds: float = 0.0) -> int:
 def asks_if_cancelled(context: JobContext) -> bool:
     """Return what the run's context says: whether it should stop."""
     return context.is_cancelled()
+
+
+def _note(path: str, **line: Any) -> None:
+    """Append one JSON line to the file at ``path``: a record that survives crashes."""
+    import json
+
+    with open(path, "a") as out:
+        out.write(json.dumps({**line, "pid": os.getpid(), "t": time.time()}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+@job(name="tests.five_steps", takes_context=True, max_attempts=5, retry_backoff=(0.1, 0.1))
+def five_steps(context: JobContext, path: str, pause: float = 0.0, fail_in: int = 0) -> list:
+    """Five steps, each noting its run in ``path`` and sleeping ``pause`` seconds; attempt 1 fails
+    in step ``fail_in`` (0: none) after noting it."""
+
+    def work(number: int) -> int:
+        _note(path, step=number, attempt=context.attempt)
+        time.sleep(pause)
+        if number == fail_in and context.attempt == 1:
+            raise RuntimeError(f"step {number} failed")
+        return number * 10
+
+    return [context.step(f"step {n}", work, n) for n in range(1, 6)]
+
+
+@job(name="tests.cursor_loop", takes_context=True, max_attempts=5, retry_backoff=(0.1, 0.1))
+def cursor_loop(context: JobContext, path: str, items: int = 40, pause: float = 0.1) -> int:
+    """Work through ``items`` items, noting each in ``path``, with a cursor saved after each."""
+    start = context.cursor("next", 0)
+    for item in range(start, items):
+        _note(path, item=item, attempt=context.attempt)
+        time.sleep(pause)
+        context.save_cursor("next", item + 1)
+    return items
+
+
+@job(name="tests.step_spawns", takes_context=True, max_attempts=3, retry_backoff=(0.1, 0.1))
+def step_spawns(context: JobContext) -> int:
+    """A step spawns two children; attempt 1 then fails, attempt 2 replays past the step."""
+    context.step("fan out", lambda: [context.spawn(echo, i).pk for i in range(2)])
+    if context.attempt == 1:
+        raise RuntimeError("failed after the step")
+    return context.attempt
+
+
+@job(name="tests.cancellable_loop", takes_context=True, max_attempts=3)
+def cancellable_loop(context: JobContext, seconds: float = 60.0, stop: str = "raise") -> str:
+    """Loop until cancelled: raise Cancelled (``stop="raise"``) or return (``"return"``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if stop == "raise":
+            context.raise_if_cancelled()
+        elif context.is_cancelled():
+            return "stopped early"
+        time.sleep(0.05)
+    return "ran to the end"

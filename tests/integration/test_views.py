@@ -22,6 +22,7 @@ VIEWS = [
     "django_jobs_schedules",
     "django_jobs_running",
     "django_jobs_queue_demand",
+    "django_jobs_steps",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.

@@ -108,6 +108,7 @@ class FakeQueue:
         self.schedules: list[FakeSchedule] = []
         # What record_live wrote: (job id, progress, log).
         self.live: list[tuple[int, Progress | None, str | None]] = []
+        self.cursors: list[tuple[int, dict[str, str]]] = []
         # The wait of each claim (long polling), in turn.
         self.waits: list[float] = []
 
@@ -215,10 +216,18 @@ class FakeQueue:
         self._call("attempt_outcome", lease.job_id)
         return self.outcomes.get(str(lease.token))
 
-    def record_live(self, lease: Lease, progress: Progress | None, log: str | None) -> Recorded:
+    def record_live(
+        self,
+        lease: Lease,
+        progress: Progress | None,
+        log: str | None,
+        cursors: dict[str, str] | None = None,
+    ) -> Recorded:
         self._call("record_live", lease.job_id)
         self.live.append((lease.job_id, progress, log))
-        return Recorded(progress is not None, log is not None)
+        if cursors:
+            self.cursors.append((lease.job_id, dict(cursors)))
+        return Recorded(progress is not None or bool(cursors), log is not None)
 
     def release(self, lease: Lease, reason: str) -> bool:
         self._call("release", lease.job_id)

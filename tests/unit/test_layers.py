@@ -46,6 +46,7 @@ LAYERS: list[set[str]] = [
         "enqueue",
         "prune",
         "context",
+        "steps",
         "schedules.declarations",
         "schedules.ticks",
         "queues",
@@ -254,6 +255,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
         "django_jobs.models.schedule",
         "django_jobs.models.queue_control",
         "django_jobs.models.api_token",
+        "django_jobs.models.step",
     }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",

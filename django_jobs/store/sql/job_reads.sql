@@ -10,6 +10,18 @@ SELECT cancel_requested OR state = 'cancelled'
 FROM django_jobs_job
 WHERE id = %(id)s
 
+-- name: stop_reason
+-- Why a run should stop, for context.raise_if_cancelled(): 'lease_lost' (a run with a lease
+-- whose job is no longer running that claim), 'cancel_requested', or NULL to go on. No row: the
+-- job was deleted. Index: the job table's primary key.
+SELECT CASE WHEN %(lease)s::uuid IS NOT NULL
+                 AND (state <> 'running' OR lease IS DISTINCT FROM %(lease)s::uuid)
+            THEN 'lease_lost'
+            WHEN cancel_requested OR state = 'cancelled' THEN 'cancel_requested'
+       END AS reason
+FROM django_jobs_job
+WHERE id = %(id)s
+
 -- name: lock_spawning_parent
 -- A parent about to spawn a child, as its run sees it. FOR KEY SHARE, as the child's foreign key
 -- takes it: it waits for nobody that only updates the job (a finish, a cancel), and keeps the
