@@ -116,6 +116,16 @@ def run(
             f" (database CPU {row['claim_db_cpu_us']:4.0f} us), finish {row['finish_rt_us']:5.0f}"
             f" us (database CPU {row['finish_db_cpu_us']:4.0f} us)"
         )
+    with ours.connect(ctx) as conn:
+        ours.reset(conn)
+    steps = run_json(
+        [ctx.python, "-m", "bench.cost", "--steps", "--jobs", str(jobs)], ours.env(ctx)
+    )
+    for row in steps:
+        progress(
+            f"  steps      {row['label']:<42} {row['rt_us']:5.0f} us"
+            f" (database CPU {row['db_cpu_us']:4.0f} us)"
+        )
     for row in results:
         progress(
             f"  cost       {row['label']:<42} {row['statements_per_job']:.2f} statements,"
@@ -123,7 +133,7 @@ def run(
             f" CPU per 1,000 jobs: worker {row['worker_cpu_ms_per_1000']:.0f} ms,"
             f" database {row['db_cpu_ms_per_1000']:.0f} ms"
         )
-    return {"workers": results, "statements": statements}
+    return {"workers": results, "statements": statements, "steps": steps}
 
 
 def _per_job(key: str, label: str, measured: dict[str, Any], jobs: int) -> dict[str, Any]:
@@ -286,16 +296,75 @@ def statements_probe(jobs: int) -> list[dict[str, Any]]:
     return rows
 
 
+def steps_probe(jobs: int) -> list[dict[str, Any]]:
+    """What a long job's checkpoint costs, per call, on a worker's connection: recording one step
+    (a 100-byte result, durably), one cursor save as the worker writes it (with no progress),
+    a live write of progress alone (what a job that saves no cursor costs anyway), the read a
+    resumed run makes of its checkpoint, and ``is_owner()``. Round trip and the backend's CPU,
+    each the mean over ``jobs`` running jobs, one call each."""
+    import psycopg
+
+    from django_jobs import store
+    from django_jobs.progress import Progress
+    from django_jobs.store.connection import connection_params
+
+    result = '{"rows": 1000, "file": "' + "x" * 70 + '"}'
+    with psycopg.connect(**connection_params("default", "s")) as conn:
+        conn.execute(
+            "TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_step RESTART IDENTITY"
+            " CASCADE"
+        )
+        conn.execute(
+            "INSERT INTO django_jobs_job (task, args, kwargs, max_attempts)"
+            " SELECT 'bench.noop', '[]', '{}', 1 FROM generate_series(1, %s)",
+            [jobs],
+        )
+        conn.execute("VACUUM ANALYZE django_jobs_job")
+        leases = []
+        for _ in range(jobs):
+            claimed = store.claim(conn.cursor(), "steps:1:x", None)
+            assert claimed is not None
+            leases.append(claimed.lease)
+        conn.execute("VACUUM ANALYZE django_jobs_job")
+        calls = {
+            "record a step": lambda lease: store.record_step(
+                conn.cursor(), lease, "fetch", result, 0.5
+            ),
+            "save a cursor": lambda lease: store.record_live(
+                conn.cursor(), lease, None, None, cursors={"page": "1234"}
+            ),
+            "progress alone": lambda lease: store.record_live(
+                conn.cursor(), lease, Progress(lease.job_id, 1.0, 10.0), None
+            ),
+            "read the checkpoint": lambda lease: store.checkpoint(conn.cursor(), lease.job_id),
+            "is_owner()": lambda lease: store.owns_lease(conn.cursor(), lease),
+        }
+        pid = conn.info.backend_pid
+        rows = []
+        for label, call in calls.items():
+            wall = cpu = 0.0
+            for lease in leases:
+                cpu0, t0 = process_cpu_seconds(pid), time.perf_counter()
+                call(lease)
+                wall += time.perf_counter() - t0
+                cpu += process_cpu_seconds(pid) - cpu0
+            rows.append({"label": label, "rt_us": 1e6 * wall / jobs, "db_cpu_us": 1e6 * cpu / jobs})
+        return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cost")
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--statements", action="store_true", help="the per-statement probe")
+    parser.add_argument("--steps", action="store_true", help="the steps and cursors probe")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     django_setup()
     if args.statements:
         emit(statements_probe(args.jobs))
+    elif args.steps:
+        emit(steps_probe(args.jobs))
     else:
         emit(probe(args.jobs, args.concurrency, args.log_level))
 

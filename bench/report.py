@@ -418,6 +418,22 @@ def markdown(results: dict[str, Any]) -> str:
                 for row in cost["statements"]
             ],
         )
+        if cost.get("steps"):
+            out += [
+                "",
+                "A long job's checkpoint, per call on a worker's connection: a step recorded"
+                " (100 bytes of result, a durable commit), a cursor saved as the worker writes"
+                " it, and for comparison the progress write every running job makes anyway;"
+                " the read a resumed run makes once, and `is_owner()`.",
+                "",
+            ]
+            out += _table(
+                ["call", "round trip", "database CPU"],
+                [
+                    [row["label"], f"{row['rt_us']:.0f} µs", f"{row['db_cpu_us']:.0f} µs"]
+                    for row in cost["steps"]
+                ],
+            )
         out.append("")
     if results.get("api"):
         out += api.markdown(results["api"])
