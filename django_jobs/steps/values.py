@@ -1,7 +1,9 @@
 """The checks a step or cursor passes before anything is written: a name, and a JSON value
-within ``JOBS_MAX_PAYLOAD_BYTES`` that PostgreSQL can store. A bad one raises
-:class:`~django_jobs.exceptions.StepError` (a name) or
-:class:`~django_jobs.exceptions.InvalidStepResult` (a value), and nothing is written."""
+within ``JOBS_MAX_PAYLOAD_BYTES``. A bad one raises :class:`~django_jobs.exceptions.StepError`
+(a name) or :class:`~django_jobs.exceptions.InvalidStepResult` (a value), and nothing is
+written. Text in a value that PostgreSQL cannot store follows the rule of a job's result
+(storable.py): a NUL is written as ``\x00`` and invalid Unicode as U+FFFD; the value recorded
+is the one every attempt gets back, the first included."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from django_jobs import conf
 from django_jobs.enqueue import checked_json, encode_json
 from django_jobs.exceptions import InvalidPayload, InvalidStepResult, StepError
 from django_jobs.models.step import NAME_CHARS
-from django_jobs.storable import unstorable
+from django_jobs.storable import storable_value, unstorable
 
 
 def checked_name(name: Any, what: str) -> str:
@@ -34,7 +36,10 @@ def value_json(value: Any, what: str) -> str:
     'fetch'"``) is stored as: plain JSON (tuples become lists), nested at most 100 levels,
     strings PostgreSQL can store, at most ``JOBS_MAX_PAYLOAD_BYTES``."""
     try:
-        text = encode_json(checked_json(value, "the value"))
+        fixed, _ = storable_value(value)
+        text = encode_json(checked_json(fixed, "the value"))
+    except RecursionError:
+        raise InvalidStepResult(f"{what} cannot be recorded: it is nested too deeply") from None
     except InvalidPayload as exc:
         raise InvalidStepResult(f"{what} cannot be recorded: {exc}") from None
     limit = conf.max_payload_bytes()

@@ -111,8 +111,20 @@ def test_a_result_that_is_not_json_or_too_big_fails_the_step_and_records_nothing
         run.step("big", lambda: "x" * 2000)
     with pytest.raises(InvalidStepResult, match="cursor 'c'"):
         run.save_cursor("c", {1, 2})
+    with pytest.raises(InvalidStepResult, match="nest"):
+        deep: list = []
+        for _ in range(200):
+            deep = [deep]
+        run.step("deep", lambda: deep)
     assert not Step.objects.filter(job_id=job.pk).exists()
     assert Job.objects.get(pk=job.pk).cursors is None
+
+
+def test_text_postgresql_cannot_store_is_recorded_as_a_job_result_is() -> None:
+    job = claimed(max_attempts=2)
+    first = run_of(job).step("text", lambda: {"a\x00b": "lone \udc80"})
+    assert first == {"a\\x00b": "lone \ufffd"}
+    assert run_of(reclaim(job)).step("text", lambda: "never called") == first
 
 
 def test_a_step_inside_a_transaction_of_the_job_is_refused() -> None:
@@ -193,3 +205,19 @@ def test_a_job_that_uses_no_steps_reads_no_checkpoint() -> None:
     assert run._run == []
     with connection.cursor() as cursor:
         assert store.checkpoint(cursor, job.pk) == store.Checkpoint()
+
+
+def test_prunejobs_deletes_a_finished_jobs_steps_with_it() -> None:
+    from datetime import timedelta
+
+    from django_jobs.prune import prune
+
+    job = claimed()
+    run_of(job).step("a", lambda: 1)
+    run_of(job).save_cursor("page", 1)
+    kept = claimed()
+    run_of(kept).step("b", lambda: 2)
+    Job.objects.filter(pk=job.pk).update(state="done", finished_at="2020-01-01T00:00Z")
+    prune(older_than=timedelta(days=1))
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert list(Step.objects.values_list("job_id", "name")) == [(kept.pk, "b")]
