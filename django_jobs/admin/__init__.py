@@ -10,8 +10,10 @@ This module assembles :class:`JobAdmin` from its parts and registers it and the 
 - :mod:`~django_jobs.admin.listing`: the list's rows: paginator, search, allowed lookups;
 - :mod:`~django_jobs.admin.filters`: the list's filters;
 - :mod:`~django_jobs.admin.display`: the columns and fields, and the attempts' table;
+- :mod:`~django_jobs.admin.checkpoint`: the job page's steps and cursors;
 - :mod:`~django_jobs.admin.masking`: the masked payloads, errors and tracebacks;
-- :mod:`~django_jobs.admin.actions`: retry, cancel, run now and delete, with their permissions;
+- :mod:`~django_jobs.admin.actions`: retry (resuming, or from the start), cancel, run now and
+  delete, with their permissions;
 - :mod:`~django_jobs.admin.dashboard`: the dashboard page;
 - :mod:`~django_jobs.schedules.admin` (and its form, :mod:`~django_jobs.schedules.forms`):
   the periodic jobs, registered there.
@@ -105,7 +107,13 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
-    actions = ["retry_selected", "cancel_selected", "run_selected_now", "delete_selected"]
+    actions = [
+        "retry_selected",
+        "retry_from_start_selected",
+        "cancel_selected",
+        "run_selected_now",
+        "delete_selected",
+    ]
     inlines = [AttemptInline]
     fieldsets = [
         (

@@ -43,6 +43,11 @@ def duration(value: timedelta | None) -> str:
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
 
 
+def timestamp(when: datetime) -> str:
+    """A moment as the job page's timeline and its steps show it, to the millisecond."""
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
 def progress_details(shown: Shown) -> SafeString:
     """The job page's progress: the bar, the counts, the message, when it was last updated,
     and the rate and time left when the total is known."""
@@ -237,9 +242,6 @@ class JobColumns(admin.ModelAdmin):
             format_html_join(
                 "",
                 "<li><time>{}</time> {}</li>",
-                (
-                    (when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], badge(state, text))
-                    for when, text, state in events
-                ),
+                ((timestamp(when), badge(state, text)) for when, text, state in events),
             ),
         )
