@@ -50,6 +50,7 @@ from django_jobs.admin.listing import (
 from django_jobs.models.job import Dashboard, Job
 from django_jobs.queues.admin import QueueAdmin
 from django_jobs.schedules.admin import ScheduleAdmin
+from django_jobs.states import State
 from django_jobs.tokens.admin import ApiTokenAdmin
 
 __all__ = [
@@ -122,7 +123,7 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
                 "fields": [
                     ("id", "task", "state_badge"),
                     ("queue", "priority", "attempts"),
-                    ("worker_id", "unique_key", "cancel_requested"),
+                    ("worker_id", "unique_key", "cancel_requested_text"),
                     "progress_text",
                     "error_text",
                 ]
@@ -142,10 +143,20 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
         ("Graph", {"fields": ["graph"]}),
     ]
     #: Every field of the job page: none is editable.
-    readonly_fields = flatten_fieldsets(fieldsets)
+    readonly_fields = [*flatten_fieldsets(fieldsets), "cancel_note"]
 
     class Media:
         css = {"all": ["django_jobs/admin.css"]}
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The page of a job that ended done although it was asked to stop says so, under its
+        state."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.state != State.DONE or not obj.cancel_requested:
+            return fieldsets
+        (name, options), *rest = fieldsets
+        first, *others = options["fields"]
+        return [(name, {**options, "fields": [first, "cancel_note", *others]}), *rest]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are enqueued by code, never typed in

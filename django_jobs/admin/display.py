@@ -154,6 +154,22 @@ class JobColumns(admin.ModelAdmin):
             label = "running (cancelling)"
         return badge(job.state, label)
 
+    @admin.display(description="cancel requested")
+    def cancel_requested_text(self, job: Job) -> str:
+        """Plain words: Django's boolean icon would show a red cross for a job nobody asked to
+        stop, as if something were wrong."""
+        return "yes" if job.cancel_requested else "no"
+
+    @admin.display(description="cancel request")
+    def cancel_note(self, job: Job) -> SafeString:
+        """On the page of a job that was asked to stop and returned normally all the same."""
+        return format_html(
+            '<div class="dj-note"><strong>{}</strong>: {}</div>',
+            "Finished despite the cancel request",
+            "the job was asked to stop while it ran, and returned normally, so it ended done "
+            "with its result.",
+        )
+
     @admin.display(description="attempts")
     def attempts(self, job: Job) -> str:
         return f"{job.attempt}/{job.max_attempts}"

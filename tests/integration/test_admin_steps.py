@@ -1,5 +1,6 @@
 """A long job's steps and cursors in the admin: listed on its page (masked, bounded), resumed
-from by a retry and forgotten by a retry from the start, each with the retry permission."""
+from by a retry and forgotten by a retry from the start, each with the retry permission; and the
+page of a job that finished despite a cancel request."""
 
 from __future__ import annotations
 
@@ -279,3 +280,25 @@ def test_both_retries_need_the_retry_permission(perms, allowed) -> None:
     if not allowed:
         assert Step.objects.filter(job=jobs["retry_from_start_selected"]).count() == 2
         assert Job.objects.get(pk=jobs["retry_from_start_selected"].pk).state == "error"
+
+
+def test_a_job_that_finished_despite_a_cancel_request_says_so(superuser) -> None:
+    despite = JobFactory(finished=True, cancel_requested=True, result={"rows": 3})
+    content = superuser.get(page_url(despite)).content.decode()
+    assert "Finished despite the cancel request" in content
+    assert "field-cancel_note" in content
+    for job in (
+        JobFactory(finished=True),
+        JobFactory(claimed=True, cancel_requested=True),
+        JobFactory(state="cancelled", cancel_requested=True, finished_at=timezone.now()),
+    ):
+        content = superuser.get(page_url(job)).content.decode()
+        assert "Finished despite" not in content, job.state
+
+
+def test_cancel_requested_reads_as_plain_words_not_a_red_cross(superuser) -> None:
+    for requested, words in [(False, "no"), (True, "yes")]:
+        job = JobFactory(claimed=True, cancel_requested=requested)
+        content = superuser.get(page_url(job)).content.decode()
+        assert "icon-no.svg" not in content and "icon-yes.svg" not in content
+        assert f'<div class="readonly">{words}</div>' in content
