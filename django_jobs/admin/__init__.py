@@ -10,8 +10,10 @@ This module assembles :class:`JobAdmin` from its parts and registers it and the 
 - :mod:`~django_jobs.admin.listing`: the list's rows: paginator, search, allowed lookups;
 - :mod:`~django_jobs.admin.filters`: the list's filters;
 - :mod:`~django_jobs.admin.display`: the columns and fields, and the attempts' table;
+- :mod:`~django_jobs.admin.checkpoint`: the job page's steps and cursors;
 - :mod:`~django_jobs.admin.masking`: the masked payloads, errors and tracebacks;
-- :mod:`~django_jobs.admin.actions`: retry, cancel, run now and delete, with their permissions;
+- :mod:`~django_jobs.admin.actions`: retry (resuming, or from the start), cancel, run now and
+  delete, with their permissions;
 - :mod:`~django_jobs.admin.dashboard`: the dashboard page;
 - :mod:`~django_jobs.schedules.admin` (and its form, :mod:`~django_jobs.schedules.forms`):
   the periodic jobs, registered there.
@@ -48,6 +50,7 @@ from django_jobs.admin.listing import (
 from django_jobs.models.job import Dashboard, Job
 from django_jobs.queues.admin import QueueAdmin
 from django_jobs.schedules.admin import ScheduleAdmin
+from django_jobs.states import State
 from django_jobs.tokens.admin import ApiTokenAdmin
 
 __all__ = [
@@ -105,7 +108,13 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
-    actions = ["retry_selected", "cancel_selected", "run_selected_now", "delete_selected"]
+    actions = [
+        "retry_selected",
+        "retry_from_start_selected",
+        "cancel_selected",
+        "run_selected_now",
+        "delete_selected",
+    ]
     inlines = [AttemptInline]
     fieldsets = [
         (
@@ -114,7 +123,7 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
                 "fields": [
                     ("id", "task", "state_badge"),
                     ("queue", "priority", "attempts"),
-                    ("worker_id", "unique_key", "cancel_requested"),
+                    ("worker_id", "unique_key", "cancel_requested_text"),
                     "progress_text",
                     "error_text",
                 ]
@@ -134,10 +143,20 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
         ("Graph", {"fields": ["graph"]}),
     ]
     #: Every field of the job page: none is editable.
-    readonly_fields = flatten_fieldsets(fieldsets)
+    readonly_fields = [*flatten_fieldsets(fieldsets), "cancel_note"]
 
     class Media:
         css = {"all": ["django_jobs/admin.css"]}
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The page of a job that ended done although it was asked to stop says so, under its
+        state."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.state != State.DONE or not obj.cancel_requested:
+            return fieldsets
+        (name, options), *rest = fieldsets
+        first, *others = options["fields"]
+        return [(name, {**options, "fields": [first, "cancel_note", *others]}), *rest]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are enqueued by code, never typed in

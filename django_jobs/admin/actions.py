@@ -1,13 +1,15 @@
-"""What an operator may do to jobs from the admin, and who may: retry, cancel and run now (from
-the list's action menu or the buttons on a job's page), and delete finished jobs. Each is done
-by :mod:`django_jobs.operator_actions` in short transactions, and each checks its own permission
-(``retry_job``, ``cancel_job``, ``run_job_now``; Django's ``delete_job`` for deleting).
+"""What an operator may do to jobs from the admin, and who may: retry (resuming from the job's
+recorded steps and cursors, or from the start, forgetting them), cancel and run now (from the
+list's action menu or the buttons on a job's page), and delete finished jobs. Each is done by
+:mod:`django_jobs.operator_actions` in short transactions, and each checks its own permission
+(``retry_job`` for both retries, ``cancel_job``, ``run_job_now``; Django's ``delete_job`` for
+deleting).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -18,17 +20,31 @@ from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 
 from django_jobs import conf, operator_actions
+from django_jobs.admin.checkpoint import JobCheckpoint, job_checkpoint
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
 
 
+class Button(NamedTuple):
+    """A button of an object's page: it posts to ``url``."""
+
+    label: str
+    url: str
+    #: Shown when the pointer rests on it: what it does, where the label is too short to say.
+    title: str = ""
+
+
 class PageButtons(admin.ModelAdmin):
     """A model admin whose change page shows buttons (``job_buttons`` in its template): those
-    that its ``page_buttons(request, obj)`` returns, as (label, URL) pairs."""
+    that its ``page_buttons(request, obj)`` returns. ``page_context(request, obj)`` is what the
+    page's template gets besides its fields: the buttons, and whatever else a subclass adds."""
 
-    def page_buttons(self, request: HttpRequest, obj: Any) -> list[tuple[str, str]]:
+    def page_buttons(self, request: HttpRequest, obj: Any) -> list[Button]:
         raise NotImplementedError
+
+    def page_context(self, request: HttpRequest, obj: Any) -> dict[str, Any]:
+        return {"job_buttons": self.page_buttons(request, obj)}
 
     def change_view(
         self,
@@ -38,8 +54,8 @@ class PageButtons(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         obj = self.get_object(request, object_id)
-        buttons = [] if obj is None else self.page_buttons(request, obj)
-        context = {**(extra_context or {}), "job_buttons": buttons}
+        page = {"job_buttons": []} if obj is None else self.page_context(request, obj)
+        context = {**(extra_context or {}), **page}
         return super().change_view(request, object_id, form_url, context)
 
 
@@ -91,6 +107,7 @@ class JobActions(PageButtons):
 
     PERMISSIONS = {
         "retry_selected": "retry",
+        "retry_from_start_selected": "retry",
         "cancel_selected": "cancel",
         "run_selected_now": "run_now",
     }
@@ -106,9 +123,19 @@ class JobActions(PageButtons):
                 raise PermissionDenied
         return super().changelist_view(request, extra_context)
 
-    @admin.action(description="Retry selected jobs", permissions=["retry"])
+    @admin.action(
+        description="Retry selected jobs (resume from any recorded steps)", permissions=["retry"]
+    )
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         self._report(request, operator_actions.retry(queryset), "requeued")
+
+    @admin.action(
+        description="Retry selected jobs from the start (forget their steps and cursors)",
+        permissions=["retry"],
+    )
+    def retry_from_start_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        report = operator_actions.retry(queryset, from_start=True)
+        self._report(request, report, "requeued from the start")
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
@@ -145,6 +172,12 @@ class JobActions(PageButtons):
                 name="django_jobs_job_retry",
             ),
             path(
+                "<int:pk>/retry-from-start/",
+                wrap(self.job_action_view),
+                {"action": "retry_from_start_selected"},
+                name="django_jobs_job_retry_from_start",
+            ),
+            path(
                 "<int:pk>/cancel/",
                 wrap(self.job_action_view),
                 {"action": "cancel_selected"},
@@ -164,16 +197,49 @@ class JobActions(PageButtons):
         allowed = getattr(self, f"has_{self.PERMISSIONS[action]}_permission")(request)
         return object_button(self, request, Job, pk, action, allowed)
 
-    def page_buttons(self, request: HttpRequest, job: Job) -> list[tuple[str, str]]:
-        """The buttons of ``job``'s page that its state and the user's permissions allow."""
-        buttons = []
+    def page_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
+        """The job page's buttons, and its steps and cursors (``job_checkpoint``)."""
+        checkpoint = job_checkpoint(job)
+        return {
+            "job_buttons": self.page_buttons(request, job, checkpoint),
+            "job_checkpoint": checkpoint,
+        }
+
+    def page_buttons(
+        self, request: HttpRequest, job: Job, checkpoint: JobCheckpoint | None = None
+    ) -> list[Button]:
+        """The buttons of ``job``'s page that its state and the user's permissions allow. A job
+        that kept steps or cursors has two retries: one resumes from them (and says so), the
+        other forgets them. ``checkpoint``: the job's, if it was read already."""
+        buttons: list[tuple[str, str, str]] = []
         if job.state in RETRY.sources and self.has_retry_permission(request):
-            buttons.append(("Retry", "admin:django_jobs_job_retry"))
+            buttons.extend(self._retry_buttons(checkpoint or job_checkpoint(job)))
         if job.state in CANCEL.sources and self.has_cancel_permission(request):
-            buttons.append(("Cancel", "admin:django_jobs_job_cancel"))
+            buttons.append(("Cancel", "admin:django_jobs_job_cancel", ""))
         if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
-            buttons.append(("Run now", "admin:django_jobs_job_run_now"))
-        return [(label, reverse(name, args=[job.pk])) for label, name in buttons]
+            buttons.append(("Run now", "admin:django_jobs_job_run_now", ""))
+        return [
+            Button(label, reverse(name, args=[job.pk]), title) for label, name, title in buttons
+        ]
+
+    @staticmethod
+    def _retry_buttons(checkpoint: JobCheckpoint) -> list[tuple[str, str, str]]:
+        if checkpoint.empty:
+            return [("Retry", "admin:django_jobs_job_retry", "")]
+        kept = checkpoint.kept()
+        return [
+            (
+                f"Retry (resume from {checkpoint.resumes_from()})",
+                "admin:django_jobs_job_retry",
+                f"Requeue the job: it resumes from its {kept}, a recorded step's result replayed "
+                "instead of running the step again.",
+            ),
+            (
+                "Retry from the start",
+                "admin:django_jobs_job_retry_from_start",
+                f"Requeue the job and forget its {kept}: it runs again from the beginning.",
+            ),
+        ]
 
 
 def object_button(

@@ -43,6 +43,11 @@ def duration(value: timedelta | None) -> str:
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
 
 
+def timestamp(when: datetime) -> str:
+    """A moment as the job page's timeline and its steps show it, to the millisecond."""
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
 def progress_details(shown: Shown) -> SafeString:
     """The job page's progress: the bar, the counts, the message, when it was last updated,
     and the rate and time left when the total is known."""
@@ -149,6 +154,22 @@ class JobColumns(admin.ModelAdmin):
             label = "running (cancelling)"
         return badge(job.state, label)
 
+    @admin.display(description="cancel requested")
+    def cancel_requested_text(self, job: Job) -> str:
+        """Plain words: Django's boolean icon would show a red cross for a job nobody asked to
+        stop, as if something were wrong."""
+        return "yes" if job.cancel_requested else "no"
+
+    @admin.display(description="cancel request")
+    def cancel_note(self, job: Job) -> SafeString:
+        """On the page of a job that was asked to stop and returned normally all the same."""
+        return format_html(
+            '<div class="dj-note"><strong>{}</strong>: {}</div>',
+            "Finished despite the cancel request",
+            "the job was asked to stop while it ran, and returned normally, so it ended done "
+            "with its result.",
+        )
+
     @admin.display(description="attempts")
     def attempts(self, job: Job) -> str:
         return f"{job.attempt}/{job.max_attempts}"
@@ -237,9 +258,6 @@ class JobColumns(admin.ModelAdmin):
             format_html_join(
                 "",
                 "<li><time>{}</time> {}</li>",
-                (
-                    (when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], badge(state, text))
-                    for when, text, state in events
-                ),
+                ((timestamp(when), badge(state, text)) for when, text, state in events),
             ),
         )

@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
-from django_jobs.admin.actions import PageButtons, object_button
+from django_jobs.admin.actions import Button, PageButtons, object_button
 from django_jobs.admin.display import badge
 from django_jobs.admin.listing import storable
 from django_jobs.admin.masking import masked_json, masked_text
@@ -303,14 +303,16 @@ class ScheduleAdmin(PageButtons):
         """The buttons on a schedule's page: POST only, same permissions as the actions."""
         return object_button(self, request, Schedule, pk, action, self._allowed(request, action))
 
-    def page_buttons(self, request: HttpRequest, schedule: Schedule) -> list[tuple[str, str]]:
+    def page_buttons(self, request: HttpRequest, schedule: Schedule) -> list[Button]:
         """The buttons of ``schedule``'s page: pause or resume, and run now, as allowed."""
         buttons = []
         for label, (slug, action) in BUTTONS.items():
             if label == ("Pause" if schedule.paused else "Resume"):
                 continue
             if self._allowed(request, action):
-                buttons.append((label, reverse(f"admin:{url_name(slug)}", args=[schedule.pk])))
+                buttons.append(
+                    Button(label, reverse(f"admin:{url_name(slug)}", args=[schedule.pk]))
+                )
         return buttons
 
 

@@ -133,6 +133,37 @@ def job_steps(cursor: Cursor, job_id: int) -> list[StepInfo]:
     return db.fetch_all_as(db.execute(cursor, query("job_steps"), {"job_id": job_id}), StepInfo)
 
 
+@dataclasses.dataclass(frozen=True)
+class LatestSteps:
+    """The last steps a job recorded, in the order they were recorded, and how many it has."""
+
+    steps: list[StepInfo]
+    total: int
+
+    @property
+    def left_out(self) -> int:
+        """The job's steps recorded before the first of :attr:`steps`."""
+        return self.total - len(self.steps)
+
+
+class _CountedStep(NamedTuple):
+    name: str
+    attempt: int
+    recorded_at: datetime.datetime
+    duration: float
+    result_bytes: int
+    total: int
+
+
+def latest_steps(cursor: Cursor, job_id: int, limit: int) -> LatestSteps:
+    """The last ``limit`` steps of ``job_id`` (all of them if it has no more), in the order they
+    were recorded, with the number of steps it has in all: one statement, however many."""
+    result = db.execute(cursor, query("latest_steps"), {"job_id": job_id, "limit": limit})
+    rows = db.fetch_all_as(result, _CountedStep)
+    steps = [StepInfo(*row[:-1]) for row in reversed(rows)]
+    return LatestSteps(steps, rows[0].total if rows else 0)
+
+
 def clear_checkpoint(cursor: Cursor, job_ids: Sequence[int]) -> None:
     """Forget the steps and cursors of ``job_ids``, which a retry has just made pending, in that
     retry's transaction (an operator's "retry from the start")."""

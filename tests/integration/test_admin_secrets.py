@@ -28,6 +28,7 @@ from django_jobs.models import (
     Job,
     Queue,
     Schedule,
+    Step,
     Worker,
 )
 from django_jobs.tokens import auth
@@ -68,8 +69,9 @@ Authorization: Bearer tok-zzz
 
 @pytest.fixture
 def secret_job() -> dict[type[models.Model], Any]:
-    """A failed job, with a failed attempt, a dependency, a child and its worker, all carrying
-    secrets where a job can. Returns one row of each of the app's models, by model."""
+    """A failed job, with a failed attempt, a recorded step and cursors, a dependency, a child and
+    its worker, all carrying secrets where a job can. Returns one row of each of the app's
+    models, by model."""
     worker = WorkerFactory()
     job = JobFactory(
         task="tests.fail",
@@ -94,6 +96,13 @@ def secret_job() -> dict[type[models.Model], Any]:
         error=ERROR,
         traceback=TRACEBACK,
     )
+    Step.objects.create(job=job, name=f"login to {DSN}", attempt=1, result=PAYLOAD)
+    job.cursors = {
+        "login": {"value": PAYLOAD, "attempt": 1, "saved_at": "2026-01-01T00:00:00+00:00"},
+        "password": {"value": "hunter2-secret", "attempt": 1, "saved_at": "not a time"},
+        f"after {DSN}": {"value": [DSN], "attempt": 1},
+    }
+    job.save(update_fields=["cursors"])
     before = JobFactory(finished=True, kwargs=PAYLOAD, result=PAYLOAD)
     dependency = Dependency.objects.create(job=job, depends_on=before)
     JobFactory(parent=job, kwargs=PAYLOAD, error=ERROR)
@@ -239,12 +248,13 @@ def test_no_admin_page_shows_a_secret(secret_job, who) -> None:
         )
     assert problems == [], "\n".join(f"{url} {status} {found}" for url, status, found in problems)
 
-    # The walk saw the pages that show the job's payload and its traceback.
+    # The walk saw the pages that show the job's payload, its traceback, steps and cursors.
     page = client.get(reverse("admin:django_jobs_job_change", args=[job.pk]))
     assert page.status_code == 200
     content = page.content.decode()
     assert "********" in content and "dj-json" in content
     assert 'class="dj-traceback"' in content
+    assert 'id="dj-steps"' in content and 'id="dj-cursors"' in content
 
 
 def test_the_dashboard_has_no_page_per_job(secret_job) -> None:

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from django_jobs.models import Job, Queue, Schedule
+from django_jobs.models import Job, Queue, Schedule, Step
 from tests.conftest import CHROMIUM, ROOT
 from tests.factories import AttemptFactory, JobFactory
 
@@ -302,4 +302,79 @@ def test_without_the_queue_permission_the_dashboard_has_no_pause_button(
     )
     assert response.status == 403 and "CSRF" not in response.text()
     assert not Queue.objects.filter(paused=True).exists()
+    context.close()
+
+
+def test_a_long_jobs_steps_and_cursors_fit_the_page_and_retry_from_the_start(
+    browser, live_server, operator
+) -> None:
+    created = JobFactory().created_at
+    job = JobFactory(
+        task="imports.load_feed",
+        state="error",
+        attempt=2,
+        max_attempts=2,
+        started_at=created,
+        finished_at=created,
+        worker_id="jobs-worker-6d9c7f8b5d-2xkqp:1:a1b2c3",
+        error="ValueError: feed 3 is broken",
+    )
+    Step.objects.bulk_create(
+        Step(
+            job=job,
+            # Long names, some without a space to wrap at, one as long as a name may be.
+            name="n" * 200
+            if i == 249
+            else f"download https://feeds.example.com/{i}/" + "part" * (i % 5 * 6),
+            attempt=1 + i % 2,
+            result=i,
+            result_bytes=40 * i,
+            duration=i / 10,
+        )
+        for i in range(250)
+    )
+    saved_at = created.isoformat()
+    job.cursors = {
+        "offset": {"value": 12_500, "attempt": 2, "saved_at": saved_at},
+        "seen": {"value": {"ids": list(range(400)), "api_key": "sk-live-123"}, "attempt": 1},
+        "marker": {"value": "x" * 600, "attempt": 2, "saved_at": saved_at},
+    }
+    job.save(update_fields=["cursors"])
+    url = f"{live_server.url}/admin/django_jobs/job/{job.pk}/change/"
+    for name, options in [
+        (
+            "job-page-steps-dark.png",
+            {"color_scheme": "dark", "viewport": {"width": 1400, "height": 900}},
+        ),
+        ("job-page-steps-narrow.png", {"viewport": {"width": 420, "height": 900}}),
+    ]:
+        context = browser.new_context(**options)
+        page = context.new_page()
+        log_in(page, live_server)
+        page.goto(url)
+        assert page.locator("#dj-steps tbody tr").count() == 200
+        assert page.locator("#dj-cursors tbody tr").count() == 3
+        assert "The last 200 of 250 steps" in page.locator("#dj-steps-left-out").inner_text()
+        assert "sk-live-123" not in page.content()
+        # No part of the page is wider than the window, except the tables' own scrollers.
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, overflow
+        page.screenshot(path=str(SHOTS / name), full_page=True)
+        context.close()
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+    page.goto(url)
+    assert (
+        page.locator(
+            ".object-tools button:text-is('Retry (resume from steps and cursors)')"
+        ).count()
+        == 1
+    )
+    page.click(".object-tools button:text-is('Retry from the start')")
+    assert page.locator(".messagelist li").first.inner_text() == "1 job requeued from the start"
+    assert page.locator("#dj-checkpoint").count() == 0
+    assert not Step.objects.filter(job=job).exists()
+    assert Job.objects.get(pk=job.pk).cursors is None
     context.close()

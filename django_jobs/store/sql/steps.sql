@@ -64,6 +64,16 @@ SELECT EXISTS (
 SELECT name, attempt, recorded_at, duration, result_bytes
 FROM django_jobs_step WHERE job_id = %(job_id)s ORDER BY id
 
+-- name: latest_steps
+-- The last steps a job recorded, newest first, at most limit of them, each with the number of
+-- steps the job has in all (total): for its page in the admin, which lists the latest and says
+-- how many it leaves out (the results' sizes, not the results). count(*) OVER () is taken over
+-- all the job's steps, before the LIMIT, so the job's steps are read through its index whatever
+-- their number: never a backward walk of the step table's primary key until limit of them turn
+-- up, which a plain ORDER BY id DESC LIMIT could be planned as. Index: step_job_name_unique.
+SELECT name, attempt, recorded_at, duration, result_bytes, count(*) OVER () AS total
+FROM django_jobs_step WHERE job_id = %(job_id)s ORDER BY id DESC LIMIT %(limit)s
+
 -- name: clear_checkpoint
 -- An operator's "retry from the start": forget the recorded steps and the cursors of the jobs
 -- that the retry before it, in the same transaction, made pending again (retry_many's changed
