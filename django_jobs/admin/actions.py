@@ -33,6 +33,8 @@ class Button(NamedTuple):
     url: str
     #: Shown when the pointer rests on it: what it does, where the label is too short to say.
     title: str = ""
+    #: Asked before it posts (the browser's confirm dialog), for a button that forgets work.
+    confirm: str = ""
 
 
 class PageButtons(admin.ModelAdmin):
@@ -211,7 +213,7 @@ class JobActions(PageButtons):
         """The buttons of ``job``'s page that its state and the user's permissions allow. A job
         that kept steps or cursors has two retries: one resumes from them (and says so), the
         other forgets them. ``checkpoint``: the job's, if it was read already."""
-        buttons: list[tuple[str, str, str]] = []
+        buttons: list[tuple[str, str, str] | tuple[str, str, str, str]] = []
         if job.state in RETRY.sources and self.has_retry_permission(request):
             buttons.extend(self._retry_buttons(checkpoint or job_checkpoint(job)))
         if job.state in CANCEL.sources and self.has_cancel_permission(request):
@@ -219,11 +221,13 @@ class JobActions(PageButtons):
         if job.state in RUN_NOW.sources and self.has_run_now_permission(request):
             buttons.append(("Run now", "admin:django_jobs_job_run_now", ""))
         return [
-            Button(label, reverse(name, args=[job.pk]), title) for label, name, title in buttons
+            Button(label, reverse(name, args=[job.pk]), *rest) for label, name, *rest in buttons
         ]
 
     @staticmethod
-    def _retry_buttons(checkpoint: JobCheckpoint) -> list[tuple[str, str, str]]:
+    def _retry_buttons(
+        checkpoint: JobCheckpoint,
+    ) -> list[tuple[str, str, str] | tuple[str, str, str, str]]:
         if checkpoint.empty:
             return [("Retry", "admin:django_jobs_job_retry", "")]
         kept = checkpoint.kept()
@@ -238,6 +242,7 @@ class JobActions(PageButtons):
                 "Retry from the start",
                 "admin:django_jobs_job_retry_from_start",
                 f"Requeue the job and forget its {kept}: it runs again from the beginning.",
+                f"Forget this job's {kept} and run it again from the beginning?",
             ),
         ]
 

@@ -372,6 +372,11 @@ def test_a_long_jobs_steps_and_cursors_fit_the_page_and_retry_from_the_start(
         ).count()
         == 1
     )
+    # It asks first: dismissed, nothing happens; accepted, the job is requeued.
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    page.click(".object-tools button:text-is('Retry from the start')")
+    assert Step.objects.filter(job=job).exists()
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click(".object-tools button:text-is('Retry from the start')")
     assert page.locator(".messagelist li").first.inner_text() == "1 job requeued from the start"
     assert page.locator("#dj-checkpoint").count() == 0
