@@ -118,9 +118,12 @@ def test_a_retried_job_is_claimed_with_the_steps_and_cursors_its_first_attempt_r
     assert api.step(first, "nothing", None).status == 201  # null is a result
     saved = api.cursor(first, "page", 3)
     assert (saved.status, saved.data) == (200, {"saved": True})
-    # As runjobworker --api sends them: with the run's progress.
-    report = api.on(first, "progress", progress={"done": 3}, cursors={"seen": {"ids": [7]}})
+    # As runjobworker --api sends them: with the run's progress, or alone.
+    report = api.on(first, "progress", progress={"done": 3}, cursors={"seen": {"ids": [6]}})
     assert (report.status, report.data) == (200, {"progress": True, "log": False})
+    report = api.on(first, "progress", cursors={"seen": {"ids": [7]}})
+    assert (report.status, report.data) == (200, {"progress": True, "log": False})
+    assert Job.objects.get(pk=job_id).progress_done == 3
     api.fail(first)
 
     second = api.claim()
