@@ -91,9 +91,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 JOBS_QUEUES = ["default", "reports", "imports"]
 
-# A task that workers of the HTTP API run (examples/curl-worker.sh): declared here, so that its
+# Tasks that workers of the HTTP API run (examples/curl-worker.sh): declared here, so that their
 # jobs can be enqueued and are checked; database-connected workers never claim them.
-JOBS_REMOTE_TASKS = {"remote.upper": {"queue": "remote", "timeout": 60}}
+JOBS_REMOTE_TASKS = {
+    "remote.upper": {"queue": "remote", "timeout": 60},
+    "remote.count": {"queue": "remote", "timeout": 60},
+}
 
 # Django's Tasks framework, served by django-jobs (testproject/testjobs/tasks.py). Retries are
 # quick so that the tests can watch them.

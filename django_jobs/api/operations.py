@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from django_jobs import conf, store, workflows
-from django_jobs.api.protocol import ApiError, Call, Finish, lease_lost, option_field
+from django_jobs.api.protocol import ApiError, Call, Finish, Step, lease_lost, option_field
 from django_jobs.context import JobContext
 from django_jobs.enqueue import missing_dependencies
 from django_jobs.exceptions import (
@@ -113,7 +113,8 @@ def claim(
     worker: WorkerInfo, queues: Sequence[str] | None, skip: Sequence[str]
 ) -> ClaimedJob | None:
     with _cursor() as cursor, _registering(worker) as first:
-        return store.claim(cursor, worker.id, queues, skip, first=first)
+        # The claim's answer carries the job's steps and cursors, read in the same statement.
+        return store.claim(cursor, worker.id, queues, skip, first=first, with_checkpoint=True)
 
 
 def heartbeat(worker: WorkerInfo, leases: Sequence[Lease], unwritten: Sequence[int]) -> Beat:
@@ -163,7 +164,14 @@ def finish_then_claim(
         options = _finish_options(cursor, lease, ending)
         with _registering(worker) as first:
             ended, job = store.finish_then_claim(
-                cursor, lease, ending.outcome, queues, skip, first=first, **options
+                cursor,
+                lease,
+                ending.outcome,
+                queues,
+                skip,
+                first=first,
+                with_checkpoint=True,
+                **options,
             )
         if ended is not None and ended.needs_settling:
             try:
@@ -183,14 +191,56 @@ def release(lease: Lease, reason: str) -> bool:
         return store.release(cursor, lease, stored_text(reason))
 
 
-def record_live(lease: Lease, progress: Progress | None, log: str | None) -> store.Recorded:
+def record_live(
+    lease: Lease,
+    progress: Progress | None,
+    log: str | None,
+    cursors: dict[str, str] | None = None,
+) -> store.Recorded:
+    """Write a running attempt's progress, log and cursors (name -> the value's JSON text), fenced
+    on all of its lease and only while it runs."""
     if progress is not None and progress.message:
         progress = dataclasses.replace(progress, message=stored_text(progress.message))
     if log is not None:
         # Cut as a worker cuts its tail, then masked: whatever the client sent.
         log = stored_log(log, conf.attempt_log_bytes())
     with _cursor() as cursor:
-        return store.record_live(cursor, lease, progress, log, whole_lease=True)
+        return store.record_live(cursor, lease, progress, log, cursors=cursors, whole_lease=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepAnswer:
+    """A step's record: whether this request recorded it, and the result that stands, as JSON
+    text (an earlier record's, when the name was recorded already)."""
+
+    recorded: bool
+    result_json: str
+
+
+def record_step(lease: Lease, step: Step) -> StepAnswer | None:
+    """Record ``step`` for the run of ``lease``, fenced on all of the lease; None if the lease
+    is lost. A name recorded already (by an earlier attempt, or by this request sent again after
+    its answer was lost) keeps its first result, which is answered."""
+    with _cursor() as cursor:
+        done = store.record_step(
+            cursor, lease, step.name, step.result_json, step.duration, step.children
+        )
+        if not done.owner:
+            return None
+        if done.recorded:
+            return StepAnswer(True, step.result_json)
+        earlier = store.step_result(cursor, lease.job_id, step.name)
+        return StepAnswer(False, step.result_json if earlier is None else earlier)
+
+
+def job_view(job_id: int, grant: Grant) -> tuple[job_reads.JobView, list[store.StepInfo]] | None:
+    """The job ``job_id`` and its recorded steps, for a token that holds its queue; None for a
+    job that does not exist or that the token may not see (one answer for both)."""
+    with _cursor() as cursor:
+        job = job_reads.job_view(cursor, job_id)
+        if job is None or not grant.holds(job.queue):
+            return None
+        return job, store.job_steps(cursor, job_id)
 
 
 def attempt_outcome(lease: Lease) -> str | None:

@@ -7,16 +7,20 @@ the views turn it into ``{"error": ..., "field": ...}``. Nothing here touches th
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from django_jobs import conf
+from django_jobs.exceptions import InvalidStepResult, StepError
 from django_jobs.progress import BadProgress, Progress, checked
 from django_jobs.storable import may_hold_unstorable, storable_text, unstorable
-from django_jobs.store import ClaimedJob, Lease
+from django_jobs.store import ClaimedJob, Lease, StepInfo
+from django_jobs.store.job_reads import JobView
 
 
 class ApiError(Exception):
@@ -357,6 +361,9 @@ _LEASE = re.compile(
 
 
 def claimed(job: ClaimedJob) -> dict[str, Any]:
+    """A claim's answer: the job, its lease, and what it resumes from (its recorded steps'
+    results and its cursors' values, by name; empty objects for a job that has none)."""
+    checkpoint = job.checkpoint.decoded() if job.checkpoint is not None else _NO_CHECKPOINT
     return {
         "job": {
             "id": job.id,
@@ -369,8 +376,13 @@ def claimed(job: ClaimedJob) -> dict[str, Any]:
             "timeout": job.timeout,
             "parent_id": job.parent_id,
             "lease": lease_text(job.lease),
+            "steps": checkpoint["steps"] or {},
+            "cursors": checkpoint["cursors"] or {},
         }
     }
+
+
+_NO_CHECKPOINT: dict[str, dict[str, Any]] = {"steps": {}, "cursors": {}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,6 +461,143 @@ def claim_next(body: dict[str, Any]) -> ClaimNext | None:
     )
 
 
+# ---------------------------------------------------------------------- steps and cursors
+
+#: The longest duration a step may report, in seconds (ten years).
+MAX_STEP_DURATION = 10 * 366 * 86400
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A step a worker recorded (``v1/jobs/<id>/steps``), checked as ``context.step()`` checks
+    one: its name, its result as the JSON text stored, how long it ran, and the children it
+    spawned."""
+
+    name: str
+    result_json: str
+    duration: float
+    children: list[int]
+
+
+def step(body: dict[str, Any]) -> Step:
+    """The step of a ``v1/jobs/<id>/steps`` request: ``name`` (1 to 200 characters), ``result``
+    (plain JSON up to JOBS_MAX_PAYLOAD_BYTES, ``null`` included), ``duration`` (seconds,
+    optional) and ``children`` (job ids, optional)."""
+    from django_jobs.steps.values import value_json  # imports the models
+
+    name = _step_name(body.get("name"), "step", "name")
+    if "result" not in body:
+        raise ApiError(400, "result is required (null is a result)", "result")
+    try:
+        result_json = value_json(body["result"], f"the result of step {name!r}")
+    except InvalidStepResult as error:
+        raise ApiError(400, str(error), "result") from None
+    return Step(
+        name=name,
+        result_json=result_json,
+        duration=seconds(body, "duration", 0.0, MAX_STEP_DURATION),
+        children=job_ids(body, "children"),
+    )
+
+
+def cursor(body: dict[str, Any]) -> dict[str, str]:
+    """The cursor of a ``v1/jobs/<id>/cursor`` request, as ``{name: the value's JSON text}``:
+    ``name`` as a step's, ``value`` plain JSON up to JOBS_MAX_PAYLOAD_BYTES (``null`` too)."""
+    name = _step_name(body.get("name"), "cursor", "name")
+    if "value" not in body:
+        raise ApiError(400, "value is required (null is a value)", "value")
+    return {name: _cursor_value(body["value"], name, "value")}
+
+
+def cursors(body: dict[str, Any]) -> dict[str, str] | None:
+    """A progress report's ``cursors`` (None when absent or empty): an object of cursor names
+    and values, each checked as ``v1/jobs/<id>/cursor`` checks one."""
+    given = field(body, "cursors", dict, None)
+    if not given:
+        return None
+    return {
+        _step_name(name, "cursor", "cursors"): _cursor_value(value, name, "cursors")
+        for name, value in given.items()
+    }
+
+
+def _step_name(name: Any, what: str, label: str) -> str:
+    from django_jobs.steps.values import checked_name  # imports the models
+
+    try:
+        return checked_name(name, what)
+    except StepError as error:
+        raise ApiError(400, str(error), label) from None
+
+
+def _cursor_value(value: Any, name: str, label: str) -> str:
+    from django_jobs.steps.values import value_json  # imports the models
+
+    try:
+        return value_json(value, f"cursor {name!r}")
+    except InvalidStepResult as error:
+        raise ApiError(400, str(error), label) from None
+
+
+# ---------------------------------------------------------------------- the job view
+
+
+def path_job_id(job_id: int) -> int:
+    """The job id of a request's path, within a job id's range."""
+    if not 1 <= job_id <= BIGINT_MAX:
+        raise ApiError(400, f"the job id in the path must be from 1 to {BIGINT_MAX}", "job_id")
+    return job_id
+
+
+def job_not_found() -> ApiError:
+    """The one answer for a job that does not exist and a job of a queue the token does not
+    hold: it says nothing of the jobs of other queues."""
+    return ApiError(404, "no such job among the jobs of this token's queues", "job_id")
+
+
+def job_view(job: JobView, steps: Sequence[StepInfo]) -> dict[str, Any]:
+    """The answer of ``v1/jobs/<id>``: the job's state, attempts, times, last error, progress,
+    its recorded steps (not their results: each one's size) and its cursors."""
+    progress = None
+    if job.progress_done is not None:
+        progress = {
+            "done": job.progress_done,
+            "total": job.progress_total,
+            "message": job.progress_message,
+        }
+    return {
+        "job": {
+            "id": job.id,
+            "task": job.task,
+            "queue": job.queue,
+            "state": job.state,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "created_at": _moment(job.created_at),
+            "started_at": _moment(job.started_at),
+            "finished_at": _moment(job.finished_at),
+            "error": job.error,
+            "cancel_requested": job.cancel_requested,
+            "progress": progress,
+            "steps": [
+                {
+                    "name": info.name,
+                    "attempt": info.attempt,
+                    "recorded_at": _moment(info.recorded_at),
+                    "duration": info.duration,
+                    "result_bytes": info.result_bytes,
+                }
+                for info in steps
+            ],
+            "cursors": json.loads(job.cursors) if job.cursors is not None else {},
+        }
+    }
+
+
+def _moment(moment: datetime.datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
 # ---------------------------------------------------------------------- enqueue and spawn
 
 #: The options of an enqueue or a spawn, as ``Task.using()`` takes them; ``run_after`` is an
@@ -478,8 +627,6 @@ class Call:
 def call(body: dict[str, Any]) -> Call:
     """The task, arguments and options of an enqueue or a spawn, read but not yet checked
     against the registry (the enqueue does that)."""
-    import datetime
-
     task = field(body, "task", str)
     args = field(body, "args", list, [])
     kwargs = field(body, "kwargs", dict, {})

@@ -9,6 +9,7 @@ anything a request names: a task is looked up in the registry, or refused.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -357,10 +358,44 @@ async def progress(request: HttpRequest, grant: Grant, body: dict[str, Any], job
     lease = _lease(grant, body, job_id)
     shown = protocol.progress(body, job_id)
     log = protocol.field(body, "log", str, None)
-    recorded = await thread_pool.run(operations.record_live, lease, shown, log)
+    cursors = protocol.cursors(body)
+    recorded = await thread_pool.run(operations.record_live, lease, shown, log, cursors)
+    # "progress" is the job row's part: the progress and the cursors, written together or not
+    # at all. Whatever was sent, a part that matched means the lease holds.
     if not (recorded.progress or recorded.log):
         raise protocol.lease_lost()
     return 200, {"progress": recorded.progress, "log": recorded.log}
+
+
+@endpoint
+async def job_step(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    lease = _lease(grant, body, job_id)
+    step = protocol.step(body)
+    answer = await thread_pool.run(operations.record_step, lease, step)
+    if answer is None:
+        raise protocol.lease_lost()
+    result = json.loads(answer.result_json)
+    return (201 if answer.recorded else 200), {"result": result, "recorded": answer.recorded}
+
+
+@endpoint
+async def job_cursor(
+    request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int
+) -> Answer:
+    lease = _lease(grant, body, job_id)
+    cursor = protocol.cursor(body)
+    recorded = await thread_pool.run(operations.record_live, lease, None, None, cursor)
+    if not recorded.progress:
+        raise protocol.lease_lost()
+    return 200, {"saved": True}
+
+
+@endpoint
+async def job(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id: int) -> Answer:
+    found = await thread_pool.run(operations.job_view, protocol.path_job_id(job_id), grant)
+    if found is None:
+        raise protocol.job_not_found()
+    return 200, protocol.job_view(*found)
 
 
 @endpoint

@@ -9,16 +9,14 @@ their plans.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
 from django_jobs.store.sql import query
-
-if TYPE_CHECKING:
-    from django_jobs.store.steps import Checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +38,44 @@ def lease_params(lease: Lease) -> dict[str, Any]:
         "worker_id": lease.worker_id,
         "lease": lease.token,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What a run resumes from: each recorded step's result and each cursor's value, by name,
+    as JSON text (decoded when a step or cursor is asked for, so that a job that reads one
+    decodes only that one). Read by :func:`~django_jobs.store.checkpoint`, or with the claim of
+    the HTTP API (:func:`claim` with ``with_checkpoint``)."""
+
+    steps: dict[str, str] = dataclasses.field(default_factory=dict)
+    cursors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, steps: dict[str, Any] | None, cursors: dict[str, Any] | None) -> Checkpoint:
+        """From decoded values (the HTTP API's answer)."""
+        return cls(
+            {name: json.dumps(value) for name, value in (steps or {}).items()},
+            {name: json.dumps(value) for name, value in (cursors or {}).items()},
+        )
+
+    @classmethod
+    def of_texts(cls, steps: str | None, cursors: str | None) -> Checkpoint:
+        """From the JSON objects' texts a statement read (NULL: none), each of name -> value."""
+        return cls(_split(steps), _split(cursors))
+
+    def decoded(self) -> dict[str, dict[str, Any]]:
+        """``{"steps": {...}, "cursors": {...}}`` with the values decoded: the HTTP API's form."""
+        return {
+            "steps": {name: json.loads(text) for name, text in self.steps.items()},
+            "cursors": {name: json.loads(text) for name, text in self.cursors.items()},
+        }
+
+
+def _split(text: str | None) -> dict[str, str]:
+    """A JSON object's members as JSON texts of their own."""
+    if text is None:
+        return {}
+    return {name: json.dumps(value) for name, value in json.loads(text).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +121,16 @@ class ClaimRow(NamedTuple):
     attempt_id: int
 
 
-def claimed_job(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
-    """The job a claim's row describes; ``None`` for no row (no job was ready)."""
+def claimed_job(
+    worker_id: str, row: Sequence[Any] | None, *, with_checkpoint: bool = False
+) -> ClaimedJob | None:
+    """The job a claim's row describes; ``None`` for no row (no job was ready).
+    ``with_checkpoint``: the row has two columns more, the job's recorded steps and its cursors
+    as JSON text (``call_claim_with_checkpoint``), which fill :attr:`ClaimedJob.checkpoint`."""
     if row is None:
         return None
-    claimed = ClaimRow._make(row)
+    width = len(ClaimRow._fields)
+    claimed = ClaimRow._make(row[:width] if with_checkpoint else row)
     lease = Lease(claimed.id, claimed.attempt, worker_id, str(claimed.lease))
     return ClaimedJob(
         lease,
@@ -101,6 +142,7 @@ def claimed_job(worker_id: str, row: Sequence[Any] | None) -> ClaimedJob | None:
         claimed.max_attempts,
         claimed.timeout,
         claimed.parent_id,
+        Checkpoint.of_texts(row[width], row[width + 1]) if with_checkpoint else None,
     )
 
 
@@ -165,19 +207,25 @@ def claim(
     skip_tasks: Sequence[str] = (),
     *,
     first: Sequence[tuple[str, Any]] = (),
+    with_checkpoint: bool = False,
 ) -> ClaimedJob | None:
     """Claim one ready job for ``worker_id``, or return ``None`` if none is ready. Jobs of
     ``skip_tasks`` (tasks the worker has found it does not have) are passed over. ``first``:
     statements (SQL and parameters) run before the claim in its transaction and round trip, their
     rows not read (the HTTP API's registration of its worker, :func:`~django_jobs.store.
-    registration`)."""
+    registration`). ``with_checkpoint``: read the job's recorded steps and cursors in the same
+    statement (``call_claim_with_checkpoint``, the HTTP API's claim, whose worker resumes from its
+    answer), into :attr:`ClaimedJob.checkpoint`."""
     # The commit is durable: a claim that a server crash lost would make a job that is running
     # claimable again, and a second executor would run it at the same time as the first.
     params = claim_params(worker_id, queues, skip_tasks)
+    statement = query("call_claim_with_checkpoint" if with_checkpoint else "call_claim")
     if first:
-        *_, rows = db.execute_together(cursor, [*first, (query("call_claim"), params)])
-        return claimed_job(worker_id, rows[0] if rows else None)
-    return claimed_job(worker_id, db.execute(cursor, query("call_claim"), params).fetchone())
+        *_, rows = db.execute_together(cursor, [*first, (statement, params)])
+        row = rows[0] if rows else None
+    else:
+        row = db.execute(cursor, statement, params).fetchone()
+    return claimed_job(worker_id, row, with_checkpoint=with_checkpoint)
 
 
 def claim_params(

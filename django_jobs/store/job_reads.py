@@ -1,12 +1,14 @@
 """What a running job, and the API serving its worker, read of one job: whether the run should
-stop, whether it may spawn children, and the job's task; and, for a ``--burst`` worker, when the
-next job becomes ready.
+stop, whether it may spawn children, the job's task, and the HTTP API's view of it; and, for a
+``--burst`` worker, when the next job becomes ready.
 
 The statements are in django_jobs/store/sql/job_reads.sql.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -103,3 +105,31 @@ def next_ready_within(
     if row is None or row.seconds is None:
         return None
     return max(0.0, row.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    """One job as the HTTP API's job view shows it (its steps are :func:`~django_jobs.store.
+    job_steps`)."""
+
+    id: int
+    task: str
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    created_at: datetime.datetime
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    error: str
+    cancel_requested: bool
+    progress_done: float | None
+    progress_total: float | None
+    progress_message: str
+    #: The job's cursors as JSON text, name -> {"value", "attempt", "saved_at"}; None: none.
+    cursors: str | None
+
+
+def job_view(cursor: Cursor, job_id: int) -> JobView | None:
+    """The job ``job_id`` as the HTTP API's job view shows it; None if there is no such job."""
+    return db.fetch_one_as(db.execute(cursor, query("job_view"), {"id": job_id}), JobView)

@@ -10,39 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
-from django_jobs.store.claiming import Lease, lease_params
+from django_jobs.store.claiming import Checkpoint, Lease, lease_params
 from django_jobs.store.sql import query
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """What a run resumes from: each recorded step's result and each cursor's value, by name,
-    as JSON text (decoded when a step or cursor is asked for, so that a job that reads one
-    decodes only that one)."""
-
-    steps: dict[str, str] = dataclasses.field(default_factory=dict)
-    cursors: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def of(cls, steps: dict[str, Any] | None, cursors: dict[str, Any] | None) -> Checkpoint:
-        """From decoded values (the HTTP API's answer)."""
-        return cls(
-            {name: json.dumps(value) for name, value in (steps or {}).items()},
-            {name: json.dumps(value) for name, value in (cursors or {}).items()},
-        )
-
-    def decoded(self) -> dict[str, dict[str, Any]]:
-        """``{"steps": {...}, "cursors": {...}}`` with the values decoded: the HTTP API's form."""
-        return {
-            "steps": {name: json.loads(text) for name, text in self.steps.items()},
-            "cursors": {name: json.loads(text) for name, text in self.cursors.items()},
-        }
 
 
 class _Texts(NamedTuple):
@@ -50,18 +24,11 @@ class _Texts(NamedTuple):
     cursors: str | None
 
 
-def _split(text: str | None) -> dict[str, str]:
-    """A JSON object's members as JSON texts of their own."""
-    if text is None:
-        return {}
-    return {name: json.dumps(value) for name, value in json.loads(text).items()}
-
-
 def checkpoint(cursor: Cursor, job_id: int) -> Checkpoint:
     """The recorded steps and the cursors of ``job_id`` (empty if it has none, or is gone)."""
     row = db.fetch_one_as(db.execute(cursor, query("checkpoint"), {"job_id": job_id}), _Texts)
     assert row is not None  # a SELECT without FROM has one row
-    return Checkpoint(_split(row.steps), _split(row.cursors))
+    return Checkpoint.of_texts(row.steps, row.cursors)
 
 
 class StepRecord(NamedTuple):

@@ -34,6 +34,7 @@ from django_jobs.registry import registry
 from django_jobs.states import Outcome
 from django_jobs.store import (
     Beat,
+    Checkpoint,
     ClaimedJob,
     Ended,
     HandBack,
@@ -69,7 +70,11 @@ def finish_body(lease: Lease, outcome: str, **options: Any) -> dict[str, Any]:
 
 
 def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
-    """The claimed job of a claim's answer."""
+    """The claimed job of a claim's answer, with the recorded steps and cursors it carries (a
+    server older than them sends none: its runs find none)."""
+    checkpoint = None
+    if "steps" in job or "cursors" in job:
+        checkpoint = Checkpoint.of(job.get("steps"), job.get("cursors"))
     return ClaimedJob(
         lease=Lease(job["id"], job["attempt"], worker_id, job["lease"]),
         attempt_id=0,  # the API does not say, and a worker does not need it
@@ -80,6 +85,7 @@ def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
         max_attempts=job["max_attempts"],
         timeout=job["timeout"],
         parent_id=job["parent_id"],
+        checkpoint=checkpoint,
     )
 
 

@@ -369,3 +369,23 @@ def cancellable_loop(context: JobContext, seconds: float = 60.0, stop: str = "ra
             return "stopped early"
         time.sleep(0.05)
     return "ran to the end"
+
+
+@job(name="tests.step_then_cursor", takes_context=True, max_attempts=3, retry_backoff=(0.1, 0.1))
+def step_then_cursor(context: JobContext, path: str, items: int = 6, fail_at: int = 3) -> dict:
+    """A step that plans ``items`` items, then a loop over them with a cursor saved after each,
+    each noted in ``path``; attempt 1 fails at item ``fail_at`` (after noting it), so that attempt
+    2 replays the step and resumes from the cursor."""
+
+    def plan() -> list[int]:
+        _note(path, step="plan", attempt=context.attempt)
+        return list(range(items))
+
+    todo = context.step("plan", plan)
+    start = context.cursor("next", 0)
+    for item in todo[start:]:
+        _note(path, item=item, attempt=context.attempt)
+        if item == fail_at and context.attempt == 1:
+            raise RuntimeError(f"item {item} failed")
+        context.save_cursor("next", item + 1)
+    return {"items": len(todo), "resumed_at": start}

@@ -18,7 +18,7 @@ from django.db import connection
 from django.test import Client
 
 from django_jobs.api import protocol, views
-from django_jobs.models import Attempt, Job, Worker
+from django_jobs.models import Attempt, Job, Step, Worker
 from django_jobs.tokens import auth
 from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
 
@@ -412,7 +412,9 @@ HOSTILE: list[tuple[str, Any]] = [
 def hostile_bodies(job_id: int, lease: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(path, what, body): each field of a valid body of each endpoint, given each hostile
     value. ``result``, ``error`` and ``traceback`` of a finish are left out: their text is
-    made storable (the attempt has run), and any JSON is a result."""
+    made storable (the attempt has run), and any JSON is a result. A step's ``result`` and a
+    cursor's ``value`` get only the hostile values that are no JSON they could store (any
+    number is one)."""
     job = f"v1/jobs/{job_id}"
     bases: list[tuple[str, dict[str, Any]]] = [
         ("v1/claim", {"worker": "w2", "queues": ["remote"], "tasks": ["remote.upper"], "wait": 0}),
@@ -433,12 +435,22 @@ def hostile_bodies(job_id: int, lease: str) -> Iterator[tuple[str, str, dict[str
         (f"{job}/outcome", {"lease": lease}),
         (f"{job}/spawn", {"lease": lease, "task": "remote.upper", "args": [], "kwargs": {},
                           "options": {"priority": 1}}),
+        (f"{job}/steps", {"lease": lease, "name": "s", "result": [1], "duration": 0.5,
+                          "children": [job_id]}),
+        (f"{job}/cursor", {"lease": lease, "name": "page", "value": {"next": 2}}),
+        (f"{job}/progress", {"lease": lease, "cursors": {"page": 2}}),
+        (job, {}),
     ]  # fmt: skip
+    numbers = {"huge", "huger", "negative"}
     for path, base in bases:
         for name, value in base.items():
+            if name in ("result", "value") and path != f"{job}/finish":
+                hostiles = [(what, hostile) for what, hostile in HOSTILE if what not in numbers]
+            else:
+                hostiles = HOSTILE
             nested_fields = ("info", "options", "progress", "claim_next")
             inner = value if isinstance(value, dict) and name in nested_fields else {}
-            for what, hostile in HOSTILE:
+            for what, hostile in hostiles:
                 if name == "args" and what in ("deep", "list of NUL"):
                     continue  # a list: checked for its strings and depth below
                 yield path, f"{name}={what}", {**base, name: hostile}
@@ -472,5 +484,6 @@ def test_hostile_bodies_at_every_endpoint_get_a_json_4xx_and_change_nothing(
     assert not failures, "\n".join(failures)
     assert count > 300
     assert snapshot() == before
+    assert not Step.objects.exists()
     assert Job.objects.get(pk=job_id).state == "running"
     assert Attempt.objects.get(job_id=job_id).log == ""

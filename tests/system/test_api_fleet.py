@@ -5,6 +5,7 @@ connections."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import random
 import signal
@@ -19,9 +20,11 @@ from typing import Any
 import httpx
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from django_jobs.enqueue import enqueue_many
-from django_jobs.models import Attempt, Job
+from django_jobs.models import Attempt, Job, Step, Worker
+from django_jobs.reaper import reap_pass
 from django_jobs.registry import registry
 from django_jobs.tokens import auth
 from tests.conftest import ROOT, ApiServer, connect, wait_for
@@ -110,6 +113,75 @@ def test_curl_worker_runs_remote_jobs_and_stops_on_sigterm(
     assert bad.state == "error"
     assert "explode input must be a string" in bad.error
     assert Attempt.objects.filter(job__in=[*jobs, bad]).count() == len(words) + 1
+
+
+def start_curl_worker(server: ApiServer, token_file: Path, name: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["bash", str(CURL_WORKER)],
+        env={**os.environ, "API_URL": server.url, "TOKEN_FILE": str(token_file), "WORKER": name},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def saved_cursor(job: Job) -> Any:
+    job.refresh_from_db()
+    return (job.cursors or {}).get("next", {}).get("value")
+
+
+def test_curl_worker_resumes_a_killed_job_from_its_recorded_step_and_cursor(
+    start_api_server: Callable[..., ApiServer], curl: None, jq: None, tmp_path: Path
+) -> None:
+    server = start_api_server()
+    _, secret = auth.create("curl", ["remote"])
+    token_file = tmp_path / "token"
+    token_file.write_text(secret + "\n")
+    job = registry.get("remote.count").using(max_attempts=3).enqueue(8, 0.2)
+
+    first = start_curl_worker(server, token_file, "curl-first")
+    try:
+        # Killed outright in the middle of its count, some numbers counted and saved.
+        wait_for(lambda: (saved_cursor(job) or 0) >= 4, timeout=60)
+        os.killpg(first.pid, signal.SIGKILL)
+        first_output, _ = first.communicate(timeout=10)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate()
+    # Its worker went silent: the reaper frees the job, which is retried.
+    Worker.objects.filter(pk="api:curl:curl-first").update(
+        last_seen_at=timezone.now() - datetime.timedelta(hours=1)
+    )
+    assert [(a.job.lease.job_id, a.outcome) for a in reap_pass().actions] == [(job.pk, "lost")]
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    saved = saved_cursor(job)
+    assert job.state == "pending" and 4 <= saved <= 8, first_output
+    (started,) = Step.objects.filter(job_id=job.pk)
+    assert (started.name, started.attempt) == ("started", 1)
+
+    second = start_curl_worker(server, token_file, "curl-second")
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=60)
+        time.sleep(0.5)  # in its long poll again
+        second.send_signal(signal.SIGTERM)
+        output, _ = second.communicate(timeout=5)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.communicate()
+    assert second.returncode == 0, output
+
+    job.refresh_from_db()
+    # Attempt 2 went on from the number after the last one saved, and got the step's result back.
+    assert (job.attempt, job.result) == (
+        2,
+        {"counted": 8, "from": saved, "started": started.result},
+    )
+    assert (job.cursors["next"]["value"], job.cursors["next"]["attempt"]) == (9, 2)
+    assert Step.objects.filter(job_id=job.pk).count() == 1
+    assert [a.outcome for a in job.attempts.order_by("number")] == ["lost", "done"]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ run jobs as database-connected workers do, with no connection to the jobs databa
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -14,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from django_jobs.models import Attempt, Job, Worker
+from django_jobs.models import Attempt, Job, Step, Worker
 from testproject.testjobs.jobs import (
     asks_if_cancelled,
     chatty,
     crash,
     echo,
+    five_steps,
     record,
     retry_then_succeed,
     sleep,
     spawner,
+    step_then_cursor,
 )
 from testproject.testjobs.models import Execution
 from tests.conftest import ROOT, WorkerProcess, connect, wait_for
@@ -287,3 +290,44 @@ def test_an_api_workers_captured_log_is_stored_as_a_database_workers_is(
     assert len(log.encode()) <= 64 * 1024 + 100 and "line 19999." in log
     assert "password=********" in log and "token=********" in log
     assert "hunter2" not in log and "abc123" not in log
+
+
+def notes(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_an_api_workers_job_resumes_from_the_steps_and_cursor_its_failed_attempt_recorded(
+    start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    steps_log, cursor_log = tmp_path / "steps.jsonl", tmp_path / "cursor.jsonl"
+    stepped = five_steps.enqueue(str(steps_log), fail_in=3)
+    looped = step_then_cursor.enqueue(str(cursor_log), items=6, fail_at=3)
+    worker = start_api_worker("--concurrency", "2")
+    try:
+        wait_for(lambda: state_of(stepped) == "done" and state_of(looped) == "done", timeout=60)
+        assert jobs_database_sessions_of(worker) == []
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+
+    # Attempt 1 recorded steps 1 and 2 through the API and failed in step 3; attempt 2 got them
+    # back with its claim and ran only steps 3 to 5.
+    stepped.refresh_from_db()
+    assert (stepped.attempt, stepped.result) == (2, [10, 20, 30, 40, 50])
+    ran = [(note["step"], note["attempt"]) for note in notes(steps_log)]
+    assert ran == [(1, 1), (2, 1), (3, 1), (3, 2), (4, 2), (5, 2)]
+    recorded = Step.objects.filter(job_id=stepped.pk).order_by("id")
+    assert [(s.name, s.attempt, s.result) for s in recorded] == [
+        ("step 1", 1, 10), ("step 2", 1, 20), ("step 3", 2, 30), ("step 4", 2, 40),
+        ("step 5", 2, 50),
+    ]  # fmt: skip
+
+    # Attempt 1 planned, saved its cursor after items 0 to 2 and failed at item 3; attempt 2
+    # replayed the plan and went on from item 3.
+    looped.refresh_from_db()
+    assert (looped.attempt, looped.result) == (2, {"items": 6, "resumed_at": 3})
+    ran = [(note.get("step", note.get("item")), note["attempt"]) for note in notes(cursor_log)]
+    assert ran == [("plan", 1), (0, 1), (1, 1), (2, 1), (3, 1), (3, 2), (4, 2), (5, 2)]
+    assert looped.cursors is not None
+    assert (looped.cursors["next"]["value"], looped.cursors["next"]["attempt"]) == (6, 2)
+    assert [a.outcome for a in looped.attempts.order_by("number")] == ["error", "done"]

@@ -181,6 +181,28 @@ def test_a_finish_and_claim_is_one_request_whose_answer_holds_the_next_job(
     }
 
 
+def test_a_claimed_job_resumes_from_the_steps_and_cursors_of_the_claims_answer(
+    api: ScriptedApi, queue: HttpQueue
+) -> None:
+    steps = {"fetch": {"rows": [1, 2]}, "none": None}
+    resumed = {**JOB, "steps": steps, "cursors": {"page": 3}}
+    api.answers = [
+        (200, {"job": resumed}),
+        (200, {"state": "done", "job": resumed}),
+        (200, {"job": JOB}),
+    ]
+
+    claimed = queue.claim("w:1:abc", [], [])
+    _, nxt = queue.finish_and_claim(LEASE, "done", [], [])
+    old_server = queue.claim("w:1:abc", [], [])
+
+    for job in (claimed, nxt):
+        assert job is not None and job.checkpoint is not None
+        assert job.checkpoint.decoded() == {"steps": steps, "cursors": {"page": 3}}
+    # A server that sends no steps and no cursors: the run reads none (and asks no one).
+    assert old_server is not None and old_server.checkpoint is None
+
+
 def test_a_finish_and_claim_whose_lease_is_lost_claims_nothing(
     api: ScriptedApi, queue: HttpQueue
 ) -> None:

@@ -53,3 +53,14 @@ WHERE j.state = 'pending'
   AND j.run_after <= now() + make_interval(secs => %(within)s)
   AND NOT (j.task = ANY(%(skip_tasks)s::text[]))
   AND NOT EXISTS (SELECT 1 FROM django_jobs_queue q WHERE q.name = j.queue AND q.paused)
+
+-- name: job_view
+-- One job as the HTTP API's job view shows it (v1/jobs/<id>): its state, attempts, times, last
+-- error, cancellation, progress and cursors (each cursor's value, the attempt that saved it and
+-- when), for a client that holds its queue; its steps are read by job_steps. No row: no such job.
+-- Index: the job table's primary key.
+SELECT id, task, queue, state, attempt, max_attempts, created_at, started_at, finished_at,
+       error, cancel_requested, progress_done, progress_total, progress_message,
+       cursors::text AS cursors
+FROM django_jobs_job
+WHERE id = %(id)s
