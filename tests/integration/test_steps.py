@@ -221,3 +221,34 @@ def test_prunejobs_deletes_a_finished_jobs_steps_with_it() -> None:
     prune(older_than=timedelta(days=1))
     assert not Job.objects.filter(pk=job.pk).exists()
     assert list(Step.objects.values_list("job_id", "name")) == [(kept.pk, "b")]
+
+
+def test_a_stale_runs_cursor_save_does_not_undo_a_retry_from_the_start() -> None:
+    # A run whose job was reaped into error (its last attempt) and then retried from the start by
+    # an operator: the job is pending again, its cursors gone, and nobody has claimed it yet. The
+    # stale run's lease is lost; its save must not bring a cursor back for the next run to skip
+    # its work by.
+    job = claimed(max_attempts=1)
+    stale = run_of(job)
+    stale.save_cursor("page", 2)
+    Job.objects.filter(pk=job.pk).update(state="error", finished_at="2026-01-01T00:00Z")
+    assert retry(Job.objects.filter(pk=job.pk), from_start=True).changed == 1
+    assert stale.is_owner() is False
+    with pytest.raises(LeaseLost):
+        stale.save_cursor("page", 7)
+    assert Job.objects.get(pk=job.pk).cursors is None
+    fresh = run_of(reclaim(job))
+    assert fresh.cursor("page", 0) == 0
+
+
+def test_a_workers_late_cursor_write_does_not_undo_a_retry_from_the_start() -> None:
+    # The same through the statement a worker's supervisor writes cursors with (record_live, not
+    # fenced on the state so that a last write queued before the finish may land after it).
+    job = claimed(max_attempts=1)
+    lease = store.Lease(job.pk, job.attempt, job.worker_id, str(job.lease))
+    Job.objects.filter(pk=job.pk).update(state="error", finished_at="2026-01-01T00:00Z")
+    assert retry(Job.objects.filter(pk=job.pk), from_start=True).changed == 1
+    with connection.cursor() as cursor:
+        written = store.record_live(cursor, lease, None, None, cursors={"page": "7"})
+    assert written.progress is False
+    assert Job.objects.get(pk=job.pk).cursors is None
