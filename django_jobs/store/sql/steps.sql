@@ -68,9 +68,13 @@ FROM django_jobs_step WHERE job_id = %(job_id)s ORDER BY id
 -- An operator's "retry from the start": forget the recorded steps and the cursors of the jobs
 -- that the retry before it, in the same transaction, made pending again (retry_many's changed
 -- ids). Their rows are locked by that retry until the transaction commits, so no worker claims
--- one of them before its steps are gone. Index: the job table's primary key; step_job_name_unique.
+-- one of them before its steps are gone. The lease token is drawn anew, though nobody holds the
+-- job: the run that last held it may still have a cursor write on its way (record_live is
+-- fenced on the token and attempt, not the state, so that a last write queued before a finish
+-- may land after it), and it must not bring back a cursor the operator asked to forget.
+-- Index: the job table's primary key; step_job_name_unique.
 WITH cleared AS (
-    UPDATE django_jobs_job SET cursors = NULL
+    UPDATE django_jobs_job SET cursors = NULL, lease = gen_random_uuid()
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
     RETURNING id
 )
