@@ -252,3 +252,27 @@ def test_a_workers_late_cursor_write_does_not_undo_a_retry_from_the_start() -> N
         written = store.record_live(cursor, lease, None, None, cursors={"page": "7"})
     assert written.progress is False
     assert Job.objects.get(pk=job.pk).cursors is None
+
+
+@override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
+def test_a_jobs_cursors_together_are_bounded_and_one_too_many_changes_nothing() -> None:
+    # Each value is checked against JOBS_MAX_PAYLOAD_BYTES; so must be all of them together, or a
+    # job that saves a cursor per item under a name of its own grows its job row without end
+    # (every cursor write rewrites them all; on a real worker, 250 cursors of 250 KB made a job
+    # row of 62 MB and took its worker 50 s of writes).
+    job = claimed(max_attempts=2)
+    run = run_of(job)
+    with pytest.raises(InvalidStepResult, match="JOBS_MAX_PAYLOAD_BYTES"):
+        for n in range(100):
+            run.save_cursor(f"item:{n}", "x" * 150)
+    saved = Job.objects.get(pk=job.pk).cursors
+    assert 0 < len(saved) < 7
+    assert sum(len(c["value"]) for c in saved.values()) <= 1000
+    # A later attempt, resuming with the cursors saved, is held to the same bound...
+    later = run_of(reclaim(job))
+    with pytest.raises(InvalidStepResult, match="JOBS_MAX_PAYLOAD_BYTES"):
+        later.save_cursor("one more", "x" * 150)
+    assert Job.objects.get(pk=job.pk).cursors == saved
+    # ...and may still replace a cursor it has with a value of the same size.
+    later.save_cursor("item:0", "y" * 150)
+    assert Job.objects.get(pk=job.pk).cursors["item:0"]["value"] == "y" * 150
