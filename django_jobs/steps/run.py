@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from django.db import connections
 
 from django_jobs import conf, store
-from django_jobs.exceptions import LeaseLost, StepError
+from django_jobs.exceptions import InvalidStepResult, LeaseLost, StepError
 from django_jobs.steps.values import checked_name, value_json
 from django_jobs.store import Checkpoint, Lease
 
@@ -151,6 +151,8 @@ class RunCheckpoint:
     spawned: list[int] | None = None
     #: The cursors this attempt saved, as JSON text.
     saved: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The size of all of the job's cursors together, as JSON (None: not counted yet).
+    cursor_bytes: int | None = None
 
     def checkpoint(self) -> Checkpoint:
         if self.loaded is None:
@@ -200,8 +202,37 @@ class RunCheckpoint:
     def save_cursor(self, name: Any, value: Any) -> None:
         name = checked_name(name, "cursor")
         text = value_json(value, f"cursor {name!r}")
+        total = self._cursor_bytes_with(name, text)
         if self.send_cursor is None:
             self.door.save_cursors({name: text})
         else:
             self.send_cursor(name, text)
         self.saved[name] = text
+        self.cursor_bytes = total
+
+    def _cursor_bytes_with(self, name: str, text: str) -> int:
+        """The size of the job's cursors together once ``name`` is ``text``: at most
+        ``JOBS_MAX_PAYLOAD_BYTES``, as each value is, or the job row, which holds them all and
+        is rewritten with them all on each write, would grow with every new name."""
+        if self.cursor_bytes is None:
+            known = {**self.checkpoint().cursors, **self.saved}
+            self.cursor_bytes = sum(_cursor_size(n, t) for n, t in known.items())
+        old = self.saved.get(name)
+        if old is None:
+            old = self.checkpoint().cursors.get(name)
+        total = self.cursor_bytes + _cursor_size(name, text)
+        if old is not None:
+            total -= _cursor_size(name, old)
+        limit = conf.max_payload_bytes()
+        if total > limit:
+            raise InvalidStepResult(
+                f"cursor {name!r} cannot be saved: the job's cursors would be {total} bytes of"
+                f" JSON together, over JOBS_MAX_PAYLOAD_BYTES ({limit}). A cursor is a position"
+                " to resume from: save a few, each small, and store large data elsewhere."
+            )
+        return total
+
+
+def _cursor_size(name: str, text: str) -> int:
+    """What a cursor adds to the JSON object of a job's cursors: ``"name":value,``."""
+    return len(name) + len(text) + 4
