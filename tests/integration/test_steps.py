@@ -276,3 +276,14 @@ def test_a_jobs_cursors_together_are_bounded_and_one_too_many_changes_nothing() 
     # ...and may still replace a cursor it has with a value of the same size.
     later.save_cursor("item:0", "y" * 150)
     assert Job.objects.get(pk=job.pk).cursors["item:0"]["value"] == "y" * 150
+
+
+def test_a_step_gives_the_first_attempt_the_value_later_attempts_get_back() -> None:
+    # PostgreSQL's jsonb keeps a number as a numeric and writes it out without an exponent: a
+    # float of 1e16 comes back as the int 10000000000000000, and -0.0 as 0.0. The attempt that
+    # records the step must get what every later attempt will.
+    job = claimed(max_attempts=2)
+    value = {"big": 1e16, "huge": 1.5e300, "negative zero": -0.0, "small": 2.5e-7}
+    first = run_of(job).step("numbers", lambda: value)
+    again = run_of(reclaim(job)).step("numbers", lambda: "never called")
+    assert repr(again) == repr(first)
