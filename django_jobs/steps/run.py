@@ -77,8 +77,8 @@ class DatabaseDoor:
             recorded = store.record_step(cursor, self.lease, name, result_json, duration, children)
             if not recorded.owner:
                 raise lease_lost(self.lease, f"step {name!r}")
-            if recorded.recorded:
-                return result_json
+            if recorded.recorded and recorded.result is not None:
+                return recorded.result  # as later attempts will read it back
             return store.step_result(cursor, self.lease.job_id, name) or result_json
 
     def save_cursors(self, cursors: dict[str, str]) -> None:
