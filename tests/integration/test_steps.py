@@ -135,6 +135,22 @@ def test_a_step_inside_a_transaction_of_the_job_is_refused() -> None:
     assert not Step.objects.filter(job_id=job.pk).exists()
 
 
+def test_a_step_with_the_jobs_connection_out_of_autocommit_is_refused() -> None:
+    # Autocommit turned off opens a transaction as surely as atomic() does: a step recorded in
+    # it is not durable when step() returns (a rollback or a crash takes it back), and its lock
+    # on the job row would hold back the job's own finish and cursor writes.
+    job = claimed()
+    run = run_of(job)
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(StepError, match="transaction"):
+            run.step("in a transaction", lambda: 1)
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    assert not Step.objects.filter(job_id=job.pk).exists()
+
+
 def test_cursors_are_kept_across_attempts_with_the_attempt_that_saved_them() -> None:
     job = claimed(max_attempts=3)
     run = run_of(job)
