@@ -60,11 +60,12 @@ class DatabaseDoor:
 
     def _cursor(self, what: str) -> Any:
         connection = connections[self.alias]
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or not connection.get_autocommit():
             raise StepError(
-                f"{what} was called inside transaction.atomic(): it is recorded in a commit of"
-                " its own, which a transaction of the job's would hold back or roll back. Call"
-                " it outside the block (the step's function may open one of its own)"
+                f"{what} was called inside a transaction of the job's (transaction.atomic(), or"
+                " autocommit turned off): it is recorded in a commit of its own, which a"
+                " transaction of the job's would hold back or roll back. Call it outside the"
+                " transaction (the step's function may open one of its own)"
             )
         return connection.cursor()
 
