@@ -101,6 +101,29 @@ def test_a_step_name_is_used_once_per_attempt_and_steps_do_not_nest() -> None:
     assert list(Step.objects.filter(job_id=job.pk).values_list("name", flat=True)) == ["a"]
 
 
+def test_a_step_whose_function_raised_may_be_tried_again_in_the_same_attempt() -> None:
+    # Nothing was recorded under the name: a job that catches the error and tries the step
+    # again (a transient failure) runs it, instead of being told it "was already run".
+    job = claimed()
+    run = run_of(job)
+    calls = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("transient")
+        return len(calls)
+
+    with pytest.raises(ConnectionError):
+        run.step("fetch", flaky)
+    assert run.step("fetch", flaky) == 2
+    assert list(Step.objects.filter(job_id=job.pk).values_list("name", "attempt")) == [
+        ("fetch", 1)
+    ]
+    with pytest.raises(StepError, match="already run in this attempt"):
+        run.step("fetch", flaky)
+
+
 @override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
 def test_a_result_that_is_not_json_or_too_big_fails_the_step_and_records_nothing() -> None:
     job = claimed()
