@@ -180,11 +180,16 @@ class RunCheckpoint:
         self.spawned = []
         started = time.monotonic()
         try:
-            value = fn(*args, **kwargs)
-        finally:
-            children, self.spawned = self.spawned, None
-        result_json = value_json(value, f"the result of step {name!r}")
-        stored = self.door.record_step(name, result_json, time.monotonic() - started, children)
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                children, self.spawned = self.spawned, None
+            result_json = value_json(value, f"the result of step {name!r}")
+            stored = self.door.record_step(name, result_json, time.monotonic() - started, children)
+        except BaseException:
+            # Nothing was recorded under the name: the job may try the step again.
+            self.used.discard(name)
+            raise
         self.checkpoint().steps[name] = stored
         return json.loads(stored)
 

@@ -117,9 +117,7 @@ def test_a_step_whose_function_raised_may_be_tried_again_in_the_same_attempt() -
     with pytest.raises(ConnectionError):
         run.step("fetch", flaky)
     assert run.step("fetch", flaky) == 2
-    assert list(Step.objects.filter(job_id=job.pk).values_list("name", "attempt")) == [
-        ("fetch", 1)
-    ]
+    assert list(Step.objects.filter(job_id=job.pk).values_list("name", "attempt")) == [("fetch", 1)]
     with pytest.raises(StepError, match="already run in this attempt"):
         run.step("fetch", flaky)
 
