@@ -130,12 +130,13 @@ class JobContext:
         return self._checkpoint().cursor(name, default)
 
     def save_cursor(self, name: str, value: Any) -> None:
-        """Save ``value`` (plain JSON, at most ``JOBS_MAX_PAYLOAD_BYTES``) as the cursor
-        ``name``, for a later attempt to resume from: fenced on this run's lease, and cheap
-        enough to call per item. In a worker the newest values are written with the run's
-        progress, at most once per ``JOBS_CURSOR_INTERVAL`` (0.05 s), and always before the
-        attempt's end or its release at shutdown; a worker killed outright loses at most the
-        saves of that interval, so a resumed loop may redo the last few items. Raises
+        """Save ``value`` (plain JSON, at most ``JOBS_MAX_PAYLOAD_BYTES``, and so are all of the
+        job's cursors together) as the cursor ``name``, for a later attempt to resume from:
+        fenced on this run's lease, and cheap enough to call per item. In a worker the newest
+        values are written with the run's progress, at most once per ``JOBS_CURSOR_INTERVAL``
+        (0.05 s), and always before the attempt's end or its release at shutdown; a worker
+        killed outright loses at most the saves of that interval, so a resumed loop may redo
+        the last few items. Raises
         :class:`~django_jobs.InvalidStepResult` for a value that cannot be saved, and
         :class:`~django_jobs.LeaseLost` where the save is written at once and the run lost its
         lease."""

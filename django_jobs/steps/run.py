@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from django.db import connections
 
 from django_jobs import conf, store
-from django_jobs.exceptions import LeaseLost, StepError
+from django_jobs.exceptions import InvalidStepResult, LeaseLost, StepError
 from django_jobs.steps.values import checked_name, value_json
 from django_jobs.store import Checkpoint, Lease
 
@@ -60,11 +60,12 @@ class DatabaseDoor:
 
     def _cursor(self, what: str) -> Any:
         connection = connections[self.alias]
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or not connection.get_autocommit():
             raise StepError(
-                f"{what} was called inside transaction.atomic(): it is recorded in a commit of"
-                " its own, which a transaction of the job's would hold back or roll back. Call"
-                " it outside the block (the step's function may open one of its own)"
+                f"{what} was called inside a transaction of the job's (transaction.atomic(), or"
+                " autocommit turned off): it is recorded in a commit of its own, which a"
+                " transaction of the job's would hold back or roll back. Call it outside the"
+                " transaction (the step's function may open one of its own)"
             )
         return connection.cursor()
 
@@ -77,8 +78,8 @@ class DatabaseDoor:
             recorded = store.record_step(cursor, self.lease, name, result_json, duration, children)
             if not recorded.owner:
                 raise lease_lost(self.lease, f"step {name!r}")
-            if recorded.recorded:
-                return result_json
+            if recorded.recorded and recorded.result is not None:
+                return recorded.result  # as later attempts will read it back
             return store.step_result(cursor, self.lease.job_id, name) or result_json
 
     def save_cursors(self, cursors: dict[str, str]) -> None:
@@ -151,6 +152,8 @@ class RunCheckpoint:
     spawned: list[int] | None = None
     #: The cursors this attempt saved, as JSON text.
     saved: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The size of all of the job's cursors together, as JSON (None: not counted yet).
+    cursor_bytes: int | None = None
 
     def checkpoint(self) -> Checkpoint:
         if self.loaded is None:
@@ -177,11 +180,16 @@ class RunCheckpoint:
         self.spawned = []
         started = time.monotonic()
         try:
-            value = fn(*args, **kwargs)
-        finally:
-            children, self.spawned = self.spawned, None
-        result_json = value_json(value, f"the result of step {name!r}")
-        stored = self.door.record_step(name, result_json, time.monotonic() - started, children)
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                children, self.spawned = self.spawned, None
+            result_json = value_json(value, f"the result of step {name!r}")
+            stored = self.door.record_step(name, result_json, time.monotonic() - started, children)
+        except BaseException:
+            # Nothing was recorded under the name: the job may try the step again.
+            self.used.discard(name)
+            raise
         self.checkpoint().steps[name] = stored
         return json.loads(stored)
 
@@ -200,8 +208,37 @@ class RunCheckpoint:
     def save_cursor(self, name: Any, value: Any) -> None:
         name = checked_name(name, "cursor")
         text = value_json(value, f"cursor {name!r}")
+        total = self._cursor_bytes_with(name, text)
         if self.send_cursor is None:
             self.door.save_cursors({name: text})
         else:
             self.send_cursor(name, text)
         self.saved[name] = text
+        self.cursor_bytes = total
+
+    def _cursor_bytes_with(self, name: str, text: str) -> int:
+        """The size of the job's cursors together once ``name`` is ``text``: at most
+        ``JOBS_MAX_PAYLOAD_BYTES``, as each value is, or the job row, which holds them all and
+        is rewritten with them all on each write, would grow with every new name."""
+        if self.cursor_bytes is None:
+            known = {**self.checkpoint().cursors, **self.saved}
+            self.cursor_bytes = sum(_cursor_size(n, t) for n, t in known.items())
+        old = self.saved.get(name)
+        if old is None:
+            old = self.checkpoint().cursors.get(name)
+        total = self.cursor_bytes + _cursor_size(name, text)
+        if old is not None:
+            total -= _cursor_size(name, old)
+        limit = conf.max_payload_bytes()
+        if total > limit:
+            raise InvalidStepResult(
+                f"cursor {name!r} cannot be saved: the job's cursors would be {total} bytes of"
+                f" JSON together, over JOBS_MAX_PAYLOAD_BYTES ({limit}). A cursor is a position"
+                " to resume from: save a few, each small, and store large data elsewhere."
+            )
+        return total
+
+
+def _cursor_size(name: str, text: str) -> int:
+    """What a cursor adds to the JSON object of a job's cursors: ``"name":value,``."""
+    return len(name) + len(text) + 4

@@ -33,11 +33,13 @@ def checkpoint(cursor: Cursor, job_id: int) -> Checkpoint:
 
 class StepRecord(NamedTuple):
     """What :func:`record_step` found: whether the lease still owned the job, whether this call
-    recorded the step, and how many children it made the job's own."""
+    recorded the step, how many children it made the job's own, and the result as recorded
+    (JSON text as the database gives it back to every later attempt; None if not recorded)."""
 
     owner: bool
     recorded: bool
     adopted: int
+    result: str | None = None
 
 
 def record_step(

@@ -410,3 +410,32 @@ def test_a_lone_surrogate_finds_nothing() -> None:
     for term in ("\ud800", "tests.\udfff", "tests.\x00"):
         queryset, _ = job_admin.get_search_results(request, Job.objects.all(), term)
         assert list(queryset) == [], ascii(term)
+
+
+def test_the_admin_retries_from_the_start_and_shows_a_jobs_steps_and_cursors(superuser) -> None:
+    # README, "Operators choose": "The admin's retry resumes from the recorded steps and
+    # cursors; 'Retry from the start' forgets them first ... The job page lists the steps (name,
+    # the attempt that recorded it, when, how long, the result's size) and the cursors".
+    from django_jobs.models import Step
+
+    job = JobFactory(
+        task="tests.five_steps",
+        state="error",
+        attempt=1,
+        max_attempts=1,
+        finished_at="2026-01-01T00:00Z",
+    )
+    Step.objects.create(job=job, name="download the file", attempt=1, result=1, result_bytes=1)
+    Job.objects.filter(pk=job.pk).update(
+        cursors={"next_row": {"value": 41, "attempt": 1, "saved_at": "2026-01-01T00:00Z"}}
+    )
+    page = superuser.get(reverse("admin:django_jobs_job_change", args=[job.pk]))
+    assert b"download the file" in page.content
+    assert b"next_row" in page.content
+    actions = superuser.get(CHANGELIST).context["action_form"].fields["action"].choices
+    from_start = [name for name, label in actions if "start" in str(label).lower()]
+    assert from_start, actions
+    post_action(superuser, from_start[0], [job])
+    job.refresh_from_db()
+    assert job.state == "pending"
+    assert not Step.objects.filter(job_id=job.pk).exists() and job.cursors is None

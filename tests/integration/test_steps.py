@@ -101,6 +101,27 @@ def test_a_step_name_is_used_once_per_attempt_and_steps_do_not_nest() -> None:
     assert list(Step.objects.filter(job_id=job.pk).values_list("name", flat=True)) == ["a"]
 
 
+def test_a_step_whose_function_raised_may_be_tried_again_in_the_same_attempt() -> None:
+    # Nothing was recorded under the name: a job that catches the error and tries the step
+    # again (a transient failure) runs it, instead of being told it "was already run".
+    job = claimed()
+    run = run_of(job)
+    calls = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("transient")
+        return len(calls)
+
+    with pytest.raises(ConnectionError):
+        run.step("fetch", flaky)
+    assert run.step("fetch", flaky) == 2
+    assert list(Step.objects.filter(job_id=job.pk).values_list("name", "attempt")) == [("fetch", 1)]
+    with pytest.raises(StepError, match="already run in this attempt"):
+        run.step("fetch", flaky)
+
+
 @override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
 def test_a_result_that_is_not_json_or_too_big_fails_the_step_and_records_nothing() -> None:
     job = claimed()
@@ -132,6 +153,22 @@ def test_a_step_inside_a_transaction_of_the_job_is_refused() -> None:
     run = run_of(job)
     with transaction.atomic(), pytest.raises(StepError, match=r"transaction\.atomic"):
         run.step("in a transaction", lambda: 1)
+    assert not Step.objects.filter(job_id=job.pk).exists()
+
+
+def test_a_step_with_the_jobs_connection_out_of_autocommit_is_refused() -> None:
+    # Autocommit turned off opens a transaction as surely as atomic() does: a step recorded in
+    # it is not durable when step() returns (a rollback or a crash takes it back), and its lock
+    # on the job row would hold back the job's own finish and cursor writes.
+    job = claimed()
+    run = run_of(job)
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(StepError, match="transaction"):
+            run.step("in a transaction", lambda: 1)
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
     assert not Step.objects.filter(job_id=job.pk).exists()
 
 
@@ -221,3 +258,69 @@ def test_prunejobs_deletes_a_finished_jobs_steps_with_it() -> None:
     prune(older_than=timedelta(days=1))
     assert not Job.objects.filter(pk=job.pk).exists()
     assert list(Step.objects.values_list("job_id", "name")) == [(kept.pk, "b")]
+
+
+def test_a_stale_runs_cursor_save_does_not_undo_a_retry_from_the_start() -> None:
+    # A run whose job was reaped into error (its last attempt) and then retried from the start by
+    # an operator: the job is pending again, its cursors gone, and nobody has claimed it yet. The
+    # stale run's lease is lost; its save must not bring a cursor back for the next run to skip
+    # its work by.
+    job = claimed(max_attempts=1)
+    stale = run_of(job)
+    stale.save_cursor("page", 2)
+    Job.objects.filter(pk=job.pk).update(state="error", finished_at="2026-01-01T00:00Z")
+    assert retry(Job.objects.filter(pk=job.pk), from_start=True).changed == 1
+    assert stale.is_owner() is False
+    with pytest.raises(LeaseLost):
+        stale.save_cursor("page", 7)
+    assert Job.objects.get(pk=job.pk).cursors is None
+    fresh = run_of(reclaim(job))
+    assert fresh.cursor("page", 0) == 0
+
+
+def test_a_workers_late_cursor_write_does_not_undo_a_retry_from_the_start() -> None:
+    # The same through the statement a worker's supervisor writes cursors with (record_live, not
+    # fenced on the state so that a last write queued before the finish may land after it).
+    job = claimed(max_attempts=1)
+    lease = store.Lease(job.pk, job.attempt, job.worker_id, str(job.lease))
+    Job.objects.filter(pk=job.pk).update(state="error", finished_at="2026-01-01T00:00Z")
+    assert retry(Job.objects.filter(pk=job.pk), from_start=True).changed == 1
+    with connection.cursor() as cursor:
+        written = store.record_live(cursor, lease, None, None, cursors={"page": "7"})
+    assert written.progress is False
+    assert Job.objects.get(pk=job.pk).cursors is None
+
+
+@override_settings(JOBS_MAX_PAYLOAD_BYTES=1000)
+def test_a_jobs_cursors_together_are_bounded_and_one_too_many_changes_nothing() -> None:
+    # Each value is checked against JOBS_MAX_PAYLOAD_BYTES; so must be all of them together, or a
+    # job that saves a cursor per item under a name of its own grows its job row without end
+    # (every cursor write rewrites them all; on a real worker, 250 cursors of 250 KB made a job
+    # row of 62 MB and took its worker 50 s of writes).
+    job = claimed(max_attempts=2)
+    run = run_of(job)
+    with pytest.raises(InvalidStepResult, match="JOBS_MAX_PAYLOAD_BYTES"):
+        for n in range(100):
+            run.save_cursor(f"item:{n}", "x" * 150)
+    saved = Job.objects.get(pk=job.pk).cursors
+    assert 0 < len(saved) < 7
+    assert sum(len(c["value"]) for c in saved.values()) <= 1000
+    # A later attempt, resuming with the cursors saved, is held to the same bound...
+    later = run_of(reclaim(job))
+    with pytest.raises(InvalidStepResult, match="JOBS_MAX_PAYLOAD_BYTES"):
+        later.save_cursor("one more", "x" * 150)
+    assert Job.objects.get(pk=job.pk).cursors == saved
+    # ...and may still replace a cursor it has with a value of the same size.
+    later.save_cursor("item:0", "y" * 150)
+    assert Job.objects.get(pk=job.pk).cursors["item:0"]["value"] == "y" * 150
+
+
+def test_a_step_gives_the_first_attempt_the_value_later_attempts_get_back() -> None:
+    # PostgreSQL's jsonb keeps a number as a numeric and writes it out without an exponent: a
+    # float of 1e16 comes back as the int 10000000000000000, and -0.0 as 0.0. The attempt that
+    # records the step must get what every later attempt will.
+    job = claimed(max_attempts=2)
+    value = {"big": 1e16, "huge": 1.5e300, "negative zero": -0.0, "small": 2.5e-7}
+    first = run_of(job).step("numbers", lambda: value)
+    again = run_of(reclaim(job)).step("numbers", lambda: "never called")
+    assert repr(again) == repr(first)

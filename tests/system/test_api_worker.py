@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from testproject.testjobs.jobs import (
     asks_if_cancelled,
     chatty,
     crash,
+    cursor_loop,
     echo,
     five_steps,
     record,
@@ -331,3 +333,37 @@ def test_an_api_workers_job_resumes_from_the_steps_and_cursor_its_failed_attempt
     assert looped.cursors is not None
     assert (looped.cursors["next"]["value"], looped.cursors["next"]["attempt"]) == (6, 2)
     assert [a.outcome for a in looped.attempts.order_by("number")] == ["error", "done"]
+
+
+# Long jobs (README: "Workers of the HTTP API get the steps and cursors with the claim and record
+# them with v1/jobs/<id>/steps and v1/jobs/<id>/cursor").
+
+
+def test_an_api_worker_records_steps_and_a_retry_resumes_from_the_failed_one(
+    start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    from tests.system.test_long_jobs import journal
+
+    path = tmp_path / "steps.jsonl"
+    job = five_steps.enqueue(str(path), fail_in=3)
+    worker = start_api_worker()
+    try:
+        wait_for(lambda: state_of(job) in ("done", "error"), timeout=30)
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    assert (job.state, job.result) == ("done", [10, 20, 30, 40, 50]), (job.error, worker.output)
+    assert job.attempt == 2
+    assert Counter(line["step"] for line in journal(path)) == {1: 1, 2: 1, 3: 2, 4: 1, 5: 1}
+    assert Step.objects.filter(job_id=job.pk).count() == 5
+
+
+def test_an_api_workers_cursor_saves_are_written(
+    start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    job = cursor_loop.enqueue(str(tmp_path / "items.jsonl"), items=5, pause=0.01)
+    worker = start_api_worker("--burst")
+    assert worker.wait() == 0, worker.output
+    job.refresh_from_db()
+    assert job.state == "done", (job.error, worker.output)
+    assert job.cursors is not None and job.cursors["next"]["value"] == 5, job.cursors

@@ -10,7 +10,9 @@
 -- cancelled when this attempt fails, since a later attempt replays past the step and will not
 -- spawn them again, and they count for whichever attempt ends the job. ON CONFLICT: the name was
 -- recorded already (by an attempt that lost its lease just after recording it, say); the first
--- result stands, and the caller reads it.
+-- result stands, and the caller reads it. result: the result as recorded, which is what every
+-- later attempt reads back (jsonb writes a number without its exponent, 1e16 as an int, and
+-- orders an object's keys), for the recording attempt to return too.
 -- Index: the job table's primary key; step_job_name_unique; job_parent_idx for the children.
 WITH owner AS (
     SELECT id FROM django_jobs_job
@@ -24,7 +26,7 @@ WITH owner AS (
            %(result_bytes)s, now(), %(duration)s::float8
     FROM owner
     ON CONFLICT (job_id, name) DO NOTHING
-    RETURNING job_id
+    RETURNING job_id, result::text AS result
 ), adopted AS (
     UPDATE django_jobs_job c SET parent_attempt = NULL
     FROM recorded r
@@ -33,7 +35,7 @@ WITH owner AS (
     RETURNING c.id
 )
 SELECT EXISTS (SELECT 1 FROM owner) AS owner, EXISTS (SELECT 1 FROM recorded) AS recorded,
-       (SELECT count(*) FROM adopted)::int AS adopted
+       (SELECT count(*) FROM adopted)::int AS adopted, (SELECT result FROM recorded) AS result
 
 -- name: step_result
 -- The recorded result of one step of a job, as JSON text, when record_step found the name
@@ -78,9 +80,13 @@ FROM django_jobs_step WHERE job_id = %(job_id)s ORDER BY id DESC LIMIT %(limit)s
 -- An operator's "retry from the start": forget the recorded steps and the cursors of the jobs
 -- that the retry before it, in the same transaction, made pending again (retry_many's changed
 -- ids). Their rows are locked by that retry until the transaction commits, so no worker claims
--- one of them before its steps are gone. Index: the job table's primary key; step_job_name_unique.
+-- one of them before its steps are gone. The lease token is drawn anew, though nobody holds the
+-- job: the run that last held it may still have a cursor write on its way (record_live is
+-- fenced on the token and attempt, not the state, so that a last write queued before a finish
+-- may land after it), and it must not bring back a cursor the operator asked to forget.
+-- Index: the job table's primary key; step_job_name_unique.
 WITH cleared AS (
-    UPDATE django_jobs_job SET cursors = NULL
+    UPDATE django_jobs_job SET cursors = NULL, lease = gen_random_uuid()
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
     RETURNING id
 )
