@@ -389,3 +389,16 @@ def step_then_cursor(context: JobContext, path: str, items: int = 6, fail_at: in
             raise RuntimeError(f"item {item} failed")
         context.save_cursor("next", item + 1)
     return {"items": len(todo), "resumed_at": start}
+
+
+@job(name="tests.async_steps", takes_context=True, max_attempts=2, retry_backoff=(0.1, 0.1))
+async def async_steps(context: JobContext) -> list:
+    """An async job's step and cursor, through sync_to_async; attempt 1 fails after both."""
+    from asgiref.sync import sync_to_async
+
+    first = await sync_to_async(context.step)("first", lambda: context.attempt)
+    start = await sync_to_async(context.cursor)("next", 0)
+    await sync_to_async(context.save_cursor)("next", start + 1)
+    if context.attempt == 1:
+        raise RuntimeError("failed after the step")
+    return [first, start]

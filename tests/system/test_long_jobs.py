@@ -20,7 +20,13 @@ from django.test import override_settings
 
 from django_jobs.models import Job, Step
 from django_jobs.reaper import ReapReport, reap_pass
-from testproject.testjobs.jobs import cancellable_loop, cursor_loop, five_steps, step_spawns
+from testproject.testjobs.jobs import (
+    async_steps,
+    cancellable_loop,
+    cursor_loop,
+    five_steps,
+    step_spawns,
+)
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,3 +236,12 @@ def test_children_spawned_in_a_recorded_step_are_spawned_once_across_retries(
     assert (job.state, job.attempt) == ("done", 2), worker.output
     children = Job.objects.filter(parent_id=job.pk)
     assert sorted(children.values_list("state", flat=True)) == ["done", "done"]
+
+
+def test_an_async_job_uses_steps_and_cursors_through_sync_to_async(start_worker) -> None:
+    job = async_steps.enqueue()
+    worker = start_worker("--burst", "--burst-wait", "5", env=FAST)
+    assert worker.wait() == 0, worker.output
+    job.refresh_from_db()
+    # Attempt 2 got attempt 1's step back, and the cursor attempt 1 saved.
+    assert (job.state, job.attempt, job.result) == ("done", 2, [1, 1]), worker.output
