@@ -81,7 +81,10 @@ def prepare(rows: int) -> None:
         have = conn.execute("SELECT count(*) FROM django_jobs_job").fetchone()[0]
         if have < rows:
             print(f"filling {rows:,} jobs ...", flush=True)
-            conn.execute("TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency")
+            conn.execute(
+                "TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency,"
+                " django_jobs_step"
+            )
             conn.execute(FILL, {"rows": rows})
             conn.execute(
                 "INSERT INTO django_jobs_attempt (job_id, number, worker_id, started_at,"

@@ -54,7 +54,7 @@ def measure(processes: int, slots: int, listen: bool, bouncer, pooled: bool) -> 
     with psycopg.connect(dsn(URL), autocommit=True) as conn:
         conn.execute(
             "TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency,"
-            " django_jobs_worker, testjobs_execution"
+            " django_jobs_worker, django_jobs_step, testjobs_execution"
         )
         conn.execute(
             "INSERT INTO django_jobs_job (task, args, kwargs, max_attempts)"

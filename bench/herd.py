@@ -72,7 +72,10 @@ def run(workers: int, jobs: int, rate: float, poll: float) -> tuple[float, list[
     from testproject.testjobs.jobs import stamp
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency")
+        cursor.execute(
+            "TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency,"
+            " django_jobs_step"
+        )
         cursor.execute("DELETE FROM django_jobs_worker")
     env = {**os.environ, "JOBS_LISTEN": "true"}
     started = [

@@ -230,7 +230,7 @@ def prepare(url: str, history: int) -> None:
     with connect(url) as conn, conn.cursor() as cursor:
         cursor.execute(
             "TRUNCATE django_jobs_attempt, django_jobs_dependency, django_jobs_worker, "
-            "django_jobs_job RESTART IDENTITY"
+            "django_jobs_step, django_jobs_job RESTART IDENTITY"
         )
         if history:
             fill_history(cursor, finished=history, pending=0, running=0, waiting=0)

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.refill or count == 0:
             cursor.execute(
                 "TRUNCATE django_jobs_attempt, django_jobs_dependency, django_jobs_worker, "
-                "django_jobs_job RESTART IDENTITY"
+                "django_jobs_step, django_jobs_job RESTART IDENTITY"
             )
             started = time.monotonic()
             active = 20_000 + 40 + 3_000

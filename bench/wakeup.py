@@ -39,7 +39,10 @@ def run(listen: bool, rate: float, seconds: float) -> list[float]:
     from testproject.testjobs.jobs import stamp
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency")
+        cursor.execute(
+            "TRUNCATE django_jobs_job, django_jobs_attempt, django_jobs_dependency,"
+            " django_jobs_step"
+        )
     env = {**os.environ, "JOBS_LISTEN": "true" if listen else "false"}
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "runjobworker", "--concurrency", "2", "--poll-interval", "1"],

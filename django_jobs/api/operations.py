@@ -170,7 +170,6 @@ def finish_then_claim(
                 queues,
                 skip,
                 first=first,
-                with_checkpoint=True,
                 **options,
             )
         if ended is not None and ended.needs_settling:

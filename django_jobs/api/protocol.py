@@ -18,7 +18,7 @@ from typing import Any
 from django_jobs import conf
 from django_jobs.exceptions import InvalidStepResult, StepError
 from django_jobs.progress import BadProgress, Progress, checked
-from django_jobs.storable import may_hold_unstorable, storable_text, unstorable
+from django_jobs.storable import may_hold_unstorable, storable_text, storable_value, unstorable
 from django_jobs.store import ClaimedJob, Lease, StepInfo
 from django_jobs.store.job_reads import JobView
 
@@ -488,6 +488,14 @@ def step(body: dict[str, Any]) -> Step:
     name = _step_name(body.get("name"), "step", "name")
     if "result" not in body:
         raise ApiError(400, "result is required (null is a result)", "result")
+    # Refused, not repaired as a finish's result is: a client's text that PostgreSQL cannot
+    # store is its mistake, and a step's result is given back to every later attempt.
+    if storable_value(body["result"])[1]:
+        raise ApiError(
+            400,
+            "result holds a NUL character or invalid Unicode, which PostgreSQL cannot store",
+            "result",
+        )
     try:
         result_json = value_json(body["result"], f"the result of step {name!r}")
     except InvalidStepResult as error:

@@ -166,20 +166,18 @@ def finish_then_claim(
     skip_tasks: Sequence[str] = (),
     *,
     first: Sequence[tuple[str, Any]] = (),
-    with_checkpoint: bool = False,
     **finish_options: Any,
 ) -> tuple[Ended | None, ClaimedJob | None]:
     """:func:`finish`, then, only if it matched the lease, claim the next job for the same worker:
     one statement (``call_finish_then_claim``), so one transaction in one round trip. Unlike
     :func:`finish_and_claim`, a lost lease claims nothing (the HTTP API answers it with a 409,
-    which carries no job). ``first`` and ``with_checkpoint`` are as
-    :func:`~django_jobs.store.claim` takes them (``call_finish_then_claim_with_checkpoint``)."""
+    which carries no job). The job claimed comes with its checkpoint, as
+    :func:`~django_jobs.store.claim` reads it ``with_checkpoint``; ``first`` is as it takes it."""
     params = {
         **_end_params(lease, outcome, **finish_options),
         **claim_params(lease.worker_id, queues, skip_tasks),
     }
-    name = "call_finish_then_claim_with_checkpoint" if with_checkpoint else "call_finish_then_claim"
-    statement = (query(name), params)
+    statement = (query("call_finish_then_claim"), params)
     if first:
         *_, rows = db.execute_together(cursor, [*first, statement])
         row = rows[0] if rows else None
@@ -189,7 +187,7 @@ def finish_then_claim(
         return None, None
     width = len(FinishRow._fields)
     claimed = None if row[width] is None else row[width:]
-    job = claimed_job(lease.worker_id, claimed, with_checkpoint=with_checkpoint)
+    job = claimed_job(lease.worker_id, claimed, with_checkpoint=True)
     return _ended(lease.job_id, row[:width]), job
 
 

@@ -4,7 +4,8 @@ writer stopped so that anything not flushed at commit is certainly lost.
 
 What must hold, checked from the job bodies' own journal (pids and times), not from logs:
 no job runs on two executors at once; a job whose finish was acknowledged keeps its outcome and
-result; no job fails and no dependent is cancelled merely because the server crashed.
+result; no job fails and no dependent is cancelled merely because the server crashed; a step a
+long job recorded is kept, and not run again.
 
 Each scenario runs twice: with the server's ``synchronous_commit`` at its default (``on``), and
 with an operator having turned it ``off`` for the whole server, which the job system's own
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,51 @@ def test_a_crash_right_after_a_finish_keeps_the_outcome_and_cancels_no_dependent
     assert job_row(cluster, dependent)["state"] == "done"
     assert overlaps(runs) == []
     assert [run.job for run in runs].count(upstream) == 1
+
+
+# ---------------------------------------------------------------- long jobs' steps
+
+
+def step_runs(path: Path) -> Counter:
+    """How often each step of ``tests.five_steps`` ran, from its journal."""
+    if not path.exists():
+        return Counter()
+    return Counter(json.loads(line)["step"] for line in path.read_text().splitlines())
+
+
+def recorded_steps(cluster: CrashableCluster, job_id: int) -> list[tuple[str, int]]:
+    try:
+        rows = cluster.query(
+            "SELECT name, attempt FROM django_jobs_step WHERE job_id = %s ORDER BY id",
+            [job_id],
+            dbname=DB,
+        )
+    except psycopg.OperationalError:
+        return []  # still restarting
+    return [(name, attempt) for name, attempt in rows]
+
+
+def test_a_step_recorded_just_before_a_server_crash_is_kept_and_not_run_again(
+    cluster: CrashableCluster, workers, tmp_path: Path
+) -> None:
+    path = tmp_path / "steps.jsonl"
+    kwargs = json.dumps({"path": str(path), "pause": 1.5})
+    ((job,),) = cluster.query(
+        "INSERT INTO django_jobs_job (task, kwargs, max_attempts) VALUES (%s, %s, 5) RETURNING id",
+        ["tests.five_steps", kwargs],
+        dbname=DB,
+    )
+    worker = workers(name="crash-steps")
+    wait_for(lambda: recorded_steps(cluster, job) == [("step 1", 1)], timeout=60)
+    cluster.stop_wal_writer()
+    cluster.crash()
+    cluster.start()
+    # Right after recovery, before the job could record anything more.
+    assert recorded_steps(cluster, job)[:1] == [("step 1", 1)]
+    wait_for(lambda: settled(cluster, job, ("done",)), timeout=120)
+    worker.signal(15)
+    assert worker.wait(timeout=60) == 0, worker.output
+    counted = step_runs(path)
+    print(f"\nstep runs across a server crash after step 1: {dict(sorted(counted.items()))}")
+    assert counted[1] == 1
+    assert [name for name, _ in recorded_steps(cluster, job)] == [f"step {n}" for n in range(1, 6)]

@@ -17,7 +17,7 @@ from django.test.utils import override_settings
 from django_jobs import store
 from django_jobs.liveness import HeartbeatLiveness
 from django_jobs.models import Attempt, Job, Worker
-from django_jobs.reaper import ReapReport, reap_pass
+from django_jobs.reaper import reap_pass
 from testproject.testjobs.jobs import (
     ask_retry,
     crash,
@@ -32,27 +32,14 @@ from testproject.testjobs.jobs import (
 from testproject.testjobs.models import Execution
 from tests.conftest import wait_for
 from tests.factories import JobFactory, WorkerFactory
+from tests.system.faults import FAST, fast_reaper, reap_once_stale
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "2",
-    "JOBS_KILL_GRACE": "1",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
-fast_reaper = override_settings(JOBS_WORKER_TIMEOUT=2, JOBS_HEARTBEAT_INTERVAL=0.5)
 
 
 def running(job: Job) -> bool:
     job.refresh_from_db()
     return job.state == "running"
-
-
-def reap_once_stale() -> ReapReport:
-    """Reap until a pass acts: once the worker's last heartbeat is older than
-    JOBS_WORKER_TIMEOUT (2 s under ``fast_reaper``). That pass's report."""
-    return wait_for(lambda: (passed := reap_pass()).actions and passed, timeout=15, interval=0.2)
 
 
 def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> None:

@@ -16,10 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from django.test import override_settings
 
 from django_jobs.models import Job, Step
-from django_jobs.reaper import ReapReport, reap_pass
 from testproject.testjobs.jobs import (
     async_steps,
     cancellable_loop,
@@ -28,28 +26,15 @@ from testproject.testjobs.jobs import (
     step_spawns,
 )
 from tests.conftest import wait_for
+from tests.system.faults import FAST, fast_reaper, reap_once_stale
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "2",
-    "JOBS_KILL_GRACE": "1",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
-fast_reaper = override_settings(JOBS_WORKER_TIMEOUT=2, JOBS_HEARTBEAT_INTERVAL=0.5)
 
 
 def journal(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def reap_once_stale() -> ReapReport:
-    """Reap until a pass acts: once the worker's last heartbeat is older than
-    JOBS_WORKER_TIMEOUT (2 s under ``fast_reaper``)."""
-    return wait_for(lambda: (passed := reap_pass()).actions and passed, timeout=15, interval=0.2)
 
 
 def ready_now(job: Job) -> None:

@@ -182,7 +182,7 @@ def test_a_lost_lease_is_noticed_soon_after_an_outage_not_an_interval_later(
 def test_a_large_cascade_never_stops_the_workers_heartbeats_or_its_other_jobs(
     start_worker,
 ) -> None:
-    # 60,000 dependents to promote when one job ends: hundreds of statements. The worker settles
+    # 90,000 dependents to promote when one job ends: hundreds of statements. The worker settles
     # them a slice at a time, and keeps sending heartbeats and running jobs in between.
     upstream = sleep.using(max_attempts=1).enqueue(0.2)
     echo.using(queue="elsewhere", depends_on=[upstream]).enqueue_many(
@@ -237,7 +237,7 @@ def test_a_large_cascade_never_stops_the_workers_heartbeats_or_its_other_jobs(
     assert meanwhile_state == "done"
 
 
-DEPENDENTS = 60_000
+DEPENDENTS = 90_000
 
 
 def pending_total(expected: int) -> bool:

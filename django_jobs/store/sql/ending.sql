@@ -18,24 +18,13 @@ SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(wor
 -- which carries no job. The claim is the LATERAL side of a LEFT JOIN with no join condition, so
 -- the only plan is a nested loop whose outer side, the finish, runs to its end first; with no
 -- finish row, the claim is never called. Each function takes a new snapshot per statement, so
--- the claim sees what the finish wrote (a queue or key slot it freed). One row: the finish's
--- four columns, then the claim's (all NULL when no job was ready).
-SELECT f.state, f.parent_id, f.has_dependents, f.has_children, c.*
-FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
-                        %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
-                        %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
-                        %(retry_delay)s::float8) AS f
-LEFT JOIN LATERAL django_jobs_claim(%(worker_id)s::text, %(queues)s::text[],
-                                    %(skip_tasks)s::text[]) AS c ON true
-
--- name: call_finish_then_claim_with_checkpoint
--- call_finish_then_claim, and the checkpoint of the job it claims, as call_claim_with_checkpoint
--- reads it (claim.sql, which says why its snapshot holds what earlier attempts wrote): the
--- finish's four columns, the claim's, then the claimed job's steps and cursors as JSON text (all
--- NULL when no job was claimed). The HTTP API's finish with claim_next: its worker resumes the
--- next job from the answer. The two reads come after the join, once per row, so the finish still
--- runs to its end before the claim. A job claimed again by its own finish (a retry due at once)
--- gets the steps and cursors of the attempt that has just ended.
+-- the claim sees what the finish wrote (a queue or key slot it freed). With it, the checkpoint
+-- of the job it claims, as call_claim_with_checkpoint reads it (claim.sql, which says why its
+-- snapshot holds what earlier attempts wrote), so that the worker resumes the next job from the
+-- answer; the two reads come after the join, once per row. A job claimed again by its own
+-- finish (a retry due at once) gets the steps and cursors of the attempt that has just ended.
+-- One row: the finish's four columns, the claim's, then the claimed job's steps and cursors as
+-- JSON text (all NULL when no job was claimed).
 -- Index: those of django_jobs_finish and django_jobs_claim; step_job_name_unique; the job
 -- table's primary key.
 SELECT f.state, f.parent_id, f.has_dependents, f.has_children, c.*,
