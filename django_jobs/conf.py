@@ -362,8 +362,8 @@ def queue_limits() -> dict[str, int]:
 def remote_tasks() -> Any:
     """``JOBS_REMOTE_TASKS``: tasks run by workers of the HTTP API, declared here so that their
     jobs are checked at enqueue like any other: ``{"ml.train": {"queue": "gpu", "timeout":
-    7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit). Default
-    ``{}``. See :func:`django_jobs.tasks.remote_job`."""
+    7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit,
+    expected_duration). Default ``{}``. See :func:`django_jobs.tasks.remote_job`."""
     return _get("JOBS_REMOTE_TASKS", {})
 
 
