@@ -5,18 +5,23 @@ its plan reads indexes only. Times are the database's: a test runs in one transa
 
 from __future__ import annotations
 
+import io
+import json
 import re
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
 from django_jobs import alerts, job
 from django_jobs.models import AlertThreshold, Job, Schedule, ScheduleTick
 from support.history import fill_history
+from tests.conftest import ROOT
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -466,6 +471,88 @@ def test_an_unknown_task_in_expected_duration_is_a_system_check_error() -> None:
         (error,) = check_alerts()
     assert error.id == "django_jobs.E007"
     assert "names the task 'tests.ehco', which is not registered" in error.msg
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def jobsalerts(*args: str) -> tuple[int, str]:
+    """Run ``manage.py jobsalerts``: its exit code and what it printed."""
+    out = io.StringIO()
+    try:
+        call_command("jobsalerts", *args, stdout=out)
+    except CommandError as error:
+        return error.returncode, out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_jobsalerts_prints_nothing_firing_and_exits_0(now: datetime, live_worker) -> None:
+    JobFactory(queue="default", run_after=now - timedelta(minutes=1))
+    assert jobsalerts() == (0, "no alerts firing\n")
+    assert AlertThreshold.objects.filter(kind="queue_age").exists()  # it synced first
+
+
+def test_jobsalerts_prints_each_alert_and_exits_1_while_any_fires(now: datetime) -> None:
+    ready = JobFactory(queue="emails", run_after=now - timedelta(minutes=25))
+    WorkerFactory(queues=["emails"], last_seen_at=now)
+    late = running(expected_task.name, 90, now, queue="emails")
+    code, out = jobsalerts()
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith("CRITICAL queue_age          emails  since ")
+    assert f"the oldest ready job ({ready.pk}) has waited 1500 s, more than 600 s" in lines[1]
+    assert lines[2].startswith(f"WARNING  job_overdue        {late.pk}  since ")
+    assert lines[2].endswith("(30s)")  # since it passed its 60 s
+    assert "expected at most 60 s (its expected_duration)" in lines[3]
+    assert len(lines) == 4
+
+    # Only the critical ones.
+    code, out = jobsalerts("--severity", "critical")
+    assert code == 1 and len(out.splitlines()) == 2
+    # Cleared: exit 0.
+    Job.objects.filter(pk=late.pk).update(state="done", finished_at=now, worker_id=None)
+    Job.objects.filter(pk=ready.pk).update(run_after=now)
+    assert jobsalerts() == (0, "no alerts firing\n")
+
+
+def test_jobsalerts_json_is_the_views_rows(now: datetime) -> None:
+    JobFactory(queue="reports", run_after=now - timedelta(minutes=5))
+    code, out = jobsalerts("--json")
+    assert code == 1
+    data = json.loads(out)
+    assert datetime.fromisoformat(data["generated_at"]) == now
+    (alert,) = data["alerts"]
+    assert set(alert) == {
+        "kind", "subject", "since", "detail", "severity", "queue", "task", "job_id", "value",
+        "threshold",
+    }  # fmt: skip
+    assert (alert["kind"], alert["subject"], alert["severity"]) == (
+        "queue_no_worker",
+        "reports",
+        "critical",
+    )
+    assert datetime.fromisoformat(alert["since"]) == now - timedelta(minutes=4)
+    assert jobsalerts("--json", "--severity", "critical")[0] == 1
+
+
+def test_jobsalerts_without_sync_writes_no_threshold(now: datetime, live_worker) -> None:
+    assert jobsalerts("--no-sync") == (0, "no alerts firing\n")
+    assert not AlertThreshold.objects.exists()
+
+
+def test_jobsalerts_exits_2_with_one_line_when_the_database_is_away(worker_env) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "jobsalerts"],
+        cwd=ROOT,
+        env={**worker_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/nothing"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("CommandError: the database 'default' at 127.0.0.1:1/nothing is ")
+    assert "unreachable" in line and result.stdout == ""
 
 
 # ------------------------------------------------------------------------------------- cost
