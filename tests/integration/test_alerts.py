@@ -555,6 +555,58 @@ def test_jobsalerts_exits_2_with_one_line_when_the_database_is_away(worker_env) 
     assert "unreachable" in line and result.stdout == ""
 
 
+def test_each_grafana_alert_rule_reads_its_kind_from_the_view(now: datetime) -> None:
+    import yaml
+
+    JobFactory(queue="reports", run_after=now - timedelta(minutes=25))
+    path = ROOT / "grafana" / "provisioning" / "alerting" / "django-jobs-alerts.yaml"
+    rules = [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]]
+    found = {}
+    for rule in rules:
+        (query,) = [q for q in rule["data"] if q["refId"] == "A"]
+        with connection.cursor() as cursor:
+            cursor.execute(query["model"]["rawSql"])
+            assert [c[0] for c in cursor.description] == ["subject", "severity", "firing"]
+            found[rule["labels"]["kind"]] = cursor.fetchall()
+    assert found == {
+        "schedule_missed": [],
+        "job_overdue": [],
+        "queue_age": [("reports", "critical", 1)],
+        "queue_no_worker": [("reports", "critical", 1)],
+        "attempts_exhausted": [],
+    }
+
+
+def test_the_documented_read_only_role_reads_the_view(now: datetime) -> None:
+    from django.db.utils import ProgrammingError
+
+    from tests.integration.test_grafana import read_only_role_sql
+
+    JobFactory(queue="reports", run_after=now - timedelta(minutes=25))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        )
+        if not cursor.fetchone()[0]:
+            pytest.skip("the test database user may not create roles")
+        cursor.execute("SELECT current_database()")
+        database = cursor.fetchone()[0]
+    role = f"grafana_alerts_test_{connection.connection.info.backend_pid}"
+    setup = read_only_role_sql().replace("grafana_jobs", role)
+    with connection.cursor() as cursor:
+        cursor.execute(setup.replace("DATABASE app", f'DATABASE "{database}"'))
+        cursor.execute(f"SET ROLE {role}")
+        try:
+            cursor.execute("SELECT kind, subject FROM django_jobs_alerts ORDER BY kind")
+            assert cursor.fetchall() == [("queue_age", "reports"), ("queue_no_worker", "reports")]
+            cursor.execute("SAVEPOINT denied")
+            with pytest.raises(ProgrammingError, match="permission denied"):
+                cursor.execute("SELECT 1 FROM django_jobs_alert_threshold")
+            cursor.execute("ROLLBACK TO SAVEPOINT denied")
+        finally:
+            cursor.execute("RESET ROLE")
+
+
 # ------------------------------------------------------------------------------------- cost
 
 
