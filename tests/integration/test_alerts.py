@@ -540,19 +540,44 @@ def test_jobsalerts_without_sync_writes_no_threshold(now: datetime, live_worker)
     assert not AlertThreshold.objects.exists()
 
 
-def test_jobsalerts_exits_2_with_one_line_when_the_database_is_away(worker_env) -> None:
+def manage_jobsalerts(env: dict[str, str], url: str) -> tuple[int, str, str]:
     result = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "jobsalerts"],
         cwd=ROOT,
-        env={**worker_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/nothing"},
+        env={**env, "DATABASE_URL": url},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
     (line,) = result.stderr.strip().splitlines()
+    return result.returncode, line, result.stdout
+
+
+def test_jobsalerts_exits_2_with_one_line_when_the_database_is_away(worker_env) -> None:
+    code, line, out = manage_jobsalerts(worker_env, "postgres://postgres@127.0.0.1:1/nothing")
+    assert code == 2 and out == ""
     assert line.startswith("CommandError: the database 'default' at 127.0.0.1:1/nothing is ")
-    assert "unreachable" in line and result.stdout == ""
+    assert "unreachable" in line
+
+
+def test_jobsalerts_exits_2_with_one_line_when_the_tables_are_missing(worker_env) -> None:
+    from tests.conftest import connect
+
+    with connect() as conn:
+        name = f"{conn.info.dbname}_alerts_empty"
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url, _, options = worker_env["DATABASE_URL"].partition("?")
+        url = url.rsplit("/", 1)[0] + f"/{name}" + (f"?{options}" if options else "")
+        code, line, out = manage_jobsalerts(worker_env, url)
+    finally:
+        with connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert code == 2 and out == ""
+    assert "django_jobs migration(s) not applied" in line
+    assert line.endswith("run `python manage.py migrate`")
 
 
 def test_each_grafana_alert_rule_reads_its_kind_from_the_view(now: datetime) -> None:
