@@ -540,6 +540,18 @@ def test_jobsalerts_without_sync_writes_no_threshold(now: datetime, live_worker)
     assert not AlertThreshold.objects.exists()
 
 
+def test_jobsalerts_with_a_bad_setting_fails_its_check_and_exits_2() -> None:
+    from django.core.management.base import SystemCheckError
+
+    with (
+        override_settings(JOBS_ALERTS={"queue_age": -1}),
+        pytest.raises(SystemCheckError, match=r"django_jobs\.E006") as failed,
+    ):
+        call_command("jobsalerts", skip_checks=False, stdout=io.StringIO())
+    assert failed.value.returncode == 2
+    assert not AlertThreshold.objects.exists()
+
+
 def manage_jobsalerts(env: dict[str, str], url: str) -> tuple[int, str, str]:
     result = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "jobsalerts"],

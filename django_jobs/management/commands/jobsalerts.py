@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
 from django_jobs import alerts
 from django_jobs.management.errors import database_errors
@@ -14,8 +14,9 @@ from django_jobs.management.errors import database_errors
 QUIET, FIRING, UNKNOWN = 0, 1, 2
 
 EPILOG = """\
-exit codes: 0 no alert fires; 1 at least one fires (of --severity or worse); 2 the database
-could not be read (down, or not migrated) or the options are wrong.
+exit codes: 0 no alert fires; 1 at least one fires (of --severity or worse); 2 no answer: the
+database could not be read (down, or not migrated), a setting fails its system check
+(JOBS_ALERTS, say), or the options are wrong.
 
 examples:
   manage.py jobsalerts                       # every alert, critical ones first
@@ -57,6 +58,13 @@ class Command(BaseCommand):
             help="Do not write JOBS_ALERTS and the tasks' expected durations into the view's "
             "threshold table first (for a role that may only read).",
         )
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except SystemCheckError as error:
+            error.returncode = UNKNOWN  # a bad setting is no answer, not an alert that fires
+            raise
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
