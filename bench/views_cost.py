@@ -31,6 +31,7 @@ VIEWS = [
     "django_jobs_workers",
     "django_jobs_stuck_jobs",
     "django_jobs_recent_failures",
+    "django_jobs_alerts",
 ]
 
 

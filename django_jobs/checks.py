@@ -7,8 +7,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
-from django_jobs import conf, queues
+from django_jobs import alerts, conf, queues
 from django_jobs.exceptions import InvalidOption
 from django_jobs.schedules import declarations
 
@@ -63,6 +64,34 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             )
         ]
     return []
+
+
+@checks.register()
+def check_alerts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``JOBS_ALERTS`` must be a dict of the documented keys with durations that are not
+    negative, and its ``expected_duration`` may only name registered tasks. A worker starts
+    anyway, and writes no alert thresholds while the setting is invalid."""
+    try:
+        unknown = alerts.unknown_tasks()
+    except ImproperlyConfigured as error:
+        return [
+            checks.Error(
+                f"JOBS_ALERTS is invalid: {error}",
+                hint="See django_jobs.conf.alerts() or docs/operations.md (Alerts) for its keys; "
+                "durations are seconds or strings like '10m', and None turns an alert off.",
+                id="django_jobs.E006",
+            )
+        ]
+    return [
+        checks.Error(
+            f"JOBS_ALERTS['expected_duration'] names the task {task!r}, which is not registered:"
+            " its threshold would never apply.",
+            hint="Use the name of a @job, remote_job() or JOBS_REMOTE_TASKS task (its module "
+            "and function name unless it sets name=), or set expected_duration on the @job.",
+            id="django_jobs.E007",
+        )
+        for task in unknown
+    ]
 
 
 #: The tag of the periodic jobs' check, which the worker and scheduler commands leave out.

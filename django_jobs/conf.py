@@ -362,8 +362,8 @@ def queue_limits() -> dict[str, int]:
 def remote_tasks() -> Any:
     """``JOBS_REMOTE_TASKS``: tasks run by workers of the HTTP API, declared here so that their
     jobs are checked at enqueue like any other: ``{"ml.train": {"queue": "gpu", "timeout":
-    7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit). Default
-    ``{}``. See :func:`django_jobs.tasks.remote_job`."""
+    7200}}`` (options: queue, priority, max_attempts, timeout, concurrency_limit,
+    expected_duration). Default ``{}``. See :func:`django_jobs.tasks.remote_job`."""
     return _get("JOBS_REMOTE_TASKS", {})
 
 
@@ -385,3 +385,172 @@ def api_max_wait() -> float:
     """``JOBS_API_MAX_WAIT``: the longest ``wait`` of a claim over the HTTP API, in seconds.
     Default 30; keep it under the proxy's and the ASGI server's request timeouts."""
     return float(_get("JOBS_API_MAX_WAIT", 30.0))
+
+
+#: The keys of ``JOBS_ALERTS``, and the subject that stands for every schedule or queue not named
+#: in a per-subject threshold.
+ALERT_KEYS = frozenset(
+    {"schedule_grace", "queue_age", "no_worker", "expected_duration", "overdue", "exhausted"}
+)
+ALERT_DEFAULT_SUBJECT = "*"
+
+
+class Alerts(NamedTuple):
+    """``JOBS_ALERTS`` checked, with its defaults. Seconds are floats; ``inf`` turns an alert
+    off. Per-subject thresholds are dicts of name to seconds, with :data:`ALERT_DEFAULT_SUBJECT`
+    for every other name."""
+
+    #: Seconds a schedule's run may take, after the tick it was due at, to succeed.
+    schedule_grace: dict[str, float]
+    #: Seconds the oldest ready job of a queue may wait.
+    queue_age: dict[str, float]
+    #: Seconds the oldest ready job of a queue may wait while no live worker serves the queue.
+    no_worker: dict[str, float]
+    #: Seconds a job may run, by task, from the setting (they win over ``@job``'s
+    #: ``expected_duration``).
+    expected_duration: dict[str, float]
+    #: Without an expected duration, a job is overdue past ``p95_factor`` times its task's p95,
+    #: and at least ``overdue_min_seconds``.
+    p95_factor: float
+    overdue_min_seconds: float
+    #: Jobs of one task that used up their attempts within ``exhausted_window`` seconds, from
+    #: which the alert fires.
+    exhausted_threshold: float
+    exhausted_window: float
+
+
+def alerts() -> Alerts:
+    """``JOBS_ALERTS``: the thresholds of the ``django_jobs_alerts`` view and ``manage.py
+    jobsalerts`` (see docs/operations.md), a dict; every key is optional. Durations are seconds
+    or strings such as ``"10m"`` (:func:`parse_duration`); ``None`` turns the alert off. Default::
+
+        JOBS_ALERTS = {
+            # a schedule's run must succeed within this long after the tick it was due at
+            "schedule_grace": 600,           # or {"*": 600, "nightly-report": "2h"}
+            # the oldest ready job of a queue may wait this long
+            "queue_age": 600,                # or {"*": 600, "emails": 60, "batch": None}
+            # ... and this long while no live worker serves its queue
+            "no_worker": 60,
+            # seconds a task's job may run; wins over @job(expected_duration=...); None: never
+            # overdue
+            "expected_duration": {},         # {"ml.train": "2h"}
+            # tasks without one: overdue past 3 times the p95 of their recent runs, at least 300 s
+            "overdue": {"p95_factor": 3, "min_seconds": 300},
+            # 5 jobs of a task that used up their attempts within an hour
+            "exhausted": {"threshold": 5, "window": 3600},
+        }
+
+    In a per-name dict, ``"*"`` is every schedule or queue not named (a key ``"default"`` names
+    the queue called "default"). The worker, the scheduler, ``syncschedules`` and ``jobsalerts``
+    write these into the table ``django_jobs_alert_threshold``, which the view reads. Raises
+    ``ImproperlyConfigured`` naming the first bad value; ``manage.py check`` reports it."""
+    configured = _get("JOBS_ALERTS", {})
+    if not isinstance(configured, dict):
+        raise ImproperlyConfigured(f"JOBS_ALERTS must be a dict, not {configured!r}")
+    unknown = set(configured) - ALERT_KEYS
+    if unknown:
+        raise ImproperlyConfigured(
+            f"JOBS_ALERTS has unknown keys {sorted(map(str, unknown))}; use "
+            f"{', '.join(repr(k) for k in sorted(ALERT_KEYS))}"
+        )
+    overdue = _alert_options(
+        configured, "overdue", {"p95_factor": 3, "min_seconds": 300}, off="p95_factor"
+    )
+    exhausted = _alert_options(
+        configured, "exhausted", {"threshold": 5, "window": 3600}, off="threshold"
+    )
+    factor = overdue["p95_factor"]
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, int | float) or not factor >= 1
+    ):
+        raise ImproperlyConfigured(
+            f"JOBS_ALERTS['overdue']['p95_factor'] must be a number from 1, not {factor!r}"
+        )
+    threshold = exhausted["threshold"]
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1
+    ):
+        raise ImproperlyConfigured(
+            "JOBS_ALERTS['exhausted']['threshold'] must be a whole number of jobs from 1, "
+            f"not {threshold!r}"
+        )
+    window = _alert_seconds(exhausted["window"], "JOBS_ALERTS['exhausted']['window']")
+    if not 0 < window <= 86400:
+        raise ImproperlyConfigured(
+            "JOBS_ALERTS['exhausted']['window'] must be a duration longer than 0 and at most "
+            f"a day, not {exhausted['window']!r}"
+        )
+    expected = configured.get("expected_duration", {})
+    if not isinstance(expected, dict):
+        raise ImproperlyConfigured(
+            "JOBS_ALERTS['expected_duration'] must be a dict of task name to seconds, like "
+            f"{{'ml.train': 7200}}, not {expected!r}"
+        )
+    return Alerts(
+        schedule_grace=_per_subject(configured, "schedule_grace", 600.0),
+        queue_age=_per_subject(configured, "queue_age", 600.0),
+        no_worker=_per_subject(configured, "no_worker", 60.0),
+        expected_duration={
+            _alert_name(task, "JOBS_ALERTS['expected_duration']"): _alert_seconds(
+                seconds, f"JOBS_ALERTS['expected_duration'][{task!r}]", positive=True
+            )
+            for task, seconds in expected.items()
+        },
+        p95_factor=float("inf") if factor is None else float(factor),
+        overdue_min_seconds=_alert_seconds(
+            overdue["min_seconds"], "JOBS_ALERTS['overdue']['min_seconds']"
+        ),
+        exhausted_threshold=float("inf") if threshold is None else float(threshold),
+        exhausted_window=window,
+    )
+
+
+def _alert_options(
+    configured: dict[Any, Any], key: str, defaults: dict[str, Any], off: str
+) -> dict[str, Any]:
+    """A dict-valued key of ``JOBS_ALERTS`` with its defaults; ``None`` sets ``off`` to None."""
+    value = configured.get(key, defaults)
+    if value is None:
+        return {**defaults, off: None}
+    if not isinstance(value, dict) or set(value) - set(defaults):
+        raise ImproperlyConfigured(
+            f"JOBS_ALERTS[{key!r}] must be None or a dict with the keys "
+            f"{', '.join(repr(k) for k in defaults)}, not {value!r}"
+        )
+    return {**defaults, **value}
+
+
+def _per_subject(configured: dict[Any, Any], key: str, default: float) -> dict[str, float]:
+    """A threshold given for all (a duration, or ``None``) or per name (a dict)."""
+    value = configured.get(key, default)
+    where = f"JOBS_ALERTS[{key!r}]"
+    if not isinstance(value, dict):
+        return {ALERT_DEFAULT_SUBJECT: _alert_seconds(value, where)}
+    found = {ALERT_DEFAULT_SUBJECT: default}
+    for name, seconds in value.items():
+        found[_alert_name(name, where)] = _alert_seconds(seconds, f"{where}[{name!r}]")
+    return found
+
+
+def _alert_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise ImproperlyConfigured(
+            f"{where}: a key must be a name of 1 to 255 characters, not {name!r}"
+        )
+    return name
+
+
+def _alert_seconds(value: Any, where: str, *, positive: bool = False) -> float:
+    """A threshold in seconds: a duration (:func:`parse_duration`), or ``None`` for never
+    (``inf``)."""
+    if value is None:
+        return float("inf")
+    if isinstance(value, bool):
+        raise ImproperlyConfigured(f"{where}: expected a duration or None, not {value!r}")
+    try:
+        seconds = parse_duration(value).total_seconds()
+    except (ValueError, OverflowError) as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from None
+    if positive and seconds <= 0:
+        raise ImproperlyConfigured(f"{where}: must be longer than 0 seconds, not {value!r}")
+    return seconds

@@ -42,6 +42,7 @@ def validate_options(
     unique_key: Any = None,
     concurrency_key: Any = None,
     concurrency_limit: Any = None,
+    expected_duration: Any = None,
 ) -> None:
     """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
     why = unstorable(queue) if isinstance(queue, str) else None
@@ -66,6 +67,15 @@ def validate_options(
         raise InvalidOption(
             f"timeout must be a whole number of seconds from 1 to {MAX_INT}, or None,"
             f" not {timeout!r}"
+        )
+    if expected_duration is not None and (
+        isinstance(expected_duration, bool)
+        or not isinstance(expected_duration, int)
+        or not 1 <= expected_duration <= MAX_INT
+    ):
+        raise InvalidOption(
+            f"expected_duration must be a whole number of seconds from 1 to {MAX_INT}, or None,"
+            f" not {expected_duration!r}"
         )
     if run_after is not None:
         if isinstance(run_after, datetime):
@@ -104,7 +114,7 @@ def validate_options(
         )
 
 
-#: The largest max_attempts and timeout: the columns are PostgreSQL integers.
+#: The largest max_attempts, timeout and expected_duration: the columns are PostgreSQL integers.
 MAX_INT = 2**31 - 1
 
 

@@ -49,6 +49,9 @@ class Task:
     remote: bool = False
     # At most this many running jobs share a concurrency key (the call's, else the task's name).
     concurrency_limit: int | None = None
+    # Seconds a job of this task is expected to run at most: past it, the django_jobs_alerts
+    # view reports the job overdue (without it, a job far past the task's own p95 is).
+    expected_duration: int | None = None
     # Per-call options, set through using():
     run_after: datetime | timedelta | None = None
     depends_on: tuple[Any, ...] = ()
@@ -66,6 +69,7 @@ class Task:
             unique_key=self.unique_key,
             concurrency_key=self.concurrency_key,
             concurrency_limit=self.concurrency_limit,
+            expected_duration=self.expected_duration,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -182,6 +186,7 @@ def job(
     retry_backoff: BackoffPolicy | None = None,
     schedule: str | None = None,
     concurrency_limit: int | None = None,
+    expected_duration: int | None = None,
 ) -> Callable[[Callable[..., Any]], Task]: ...
 def job(
     func: Callable[..., Any] | None = None,
@@ -196,6 +201,7 @@ def job(
     retry_backoff: BackoffPolicy | None = None,
     schedule: str | None = None,
     concurrency_limit: int | None = None,
+    expected_duration: int | None = None,
 ) -> Task | Callable[[Callable[..., Any]], Task]:
     """Register a function as a job task. Works bare (``@job``) or with options.
 
@@ -208,6 +214,9 @@ def job(
     (see :mod:`django_jobs.schedules.declarations`; an invalid expression is a system check error).
     ``concurrency_limit`` caps the running jobs that share a concurrency key across all
     workers: the key given with ``using(concurrency_key=...)``, else the task's name.
+    ``expected_duration`` (seconds) is how long a job of the task should run at most: one
+    running longer is reported by the ``django_jobs_alerts`` view and ``manage.py jobsalerts``
+    (without it, one running far past the task's own p95 is; see docs/operations.md).
     """
 
     def decorate(f: Callable[..., Any]) -> Task:
@@ -224,6 +233,7 @@ def job(
             retry_backoff=retry_backoff,
             schedule=schedule,
             concurrency_limit=concurrency_limit,
+            expected_duration=expected_duration,
         )
         return registry.register(task)
 
@@ -240,6 +250,7 @@ def remote_job(
     max_attempts: int | None = None,
     timeout: int | None = None,
     concurrency_limit: int | None = None,
+    expected_duration: int | None = None,
 ) -> Task:
     """Declare a task that workers of the HTTP API run (in another language, another cluster),
     so that its jobs can be enqueued here, checked like any other: ``remote_job("ml.train",
@@ -256,13 +267,16 @@ def remote_job(
         max_attempts=max_attempts,
         timeout=timeout,
         concurrency_limit=concurrency_limit,
+        expected_duration=expected_duration,
         remote=True,
     )
     return registry.register(task)
 
 
 #: The options a remote task takes, in ``JOBS_REMOTE_TASKS`` as in :func:`remote_job`.
-REMOTE_OPTIONS = frozenset({"queue", "priority", "max_attempts", "timeout", "concurrency_limit"})
+REMOTE_OPTIONS = frozenset(
+    {"queue", "priority", "max_attempts", "timeout", "concurrency_limit", "expected_duration"}
+)
 
 
 def declare_remote_tasks(declared: Mapping[str, Any]) -> list[Task]:

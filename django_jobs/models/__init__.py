@@ -2,10 +2,12 @@
 (:mod:`~django_jobs.models.job`), their attempts (:mod:`~django_jobs.models.attempt`) and
 dependencies (:mod:`~django_jobs.models.dependency`), steps (:mod:`~django_jobs.models.step`),
 live workers (:mod:`~django_jobs.models.live_worker`), periodic jobs
-(:mod:`~django_jobs.models.schedule`), queue controls (:mod:`~django_jobs.models.queue_control`)
-and API tokens (:mod:`~django_jobs.models.api_token`). Tables and constraints only: what changes
+(:mod:`~django_jobs.models.schedule`), queue controls (:mod:`~django_jobs.models.queue_control`),
+API tokens (:mod:`~django_jobs.models.api_token`) and the thresholds of the alerts view
+(:mod:`~django_jobs.models.alert_threshold`). Tables and constraints only: what changes
 rows lives in :mod:`django_jobs.store` and the feature folders."""
 
+from django_jobs.models.alert_threshold import AlertThreshold
 from django_jobs.models.api_token import ApiToken
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.dependency import Dependency
@@ -25,6 +27,7 @@ from django_jobs.states import (  # noqa: F401
 )
 
 __all__ = [
+    "AlertThreshold",
     "ApiToken",
     "Attempt",
     "Dashboard",

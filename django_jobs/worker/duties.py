@@ -1,11 +1,11 @@
 """What only a worker that holds a database connection does, beside running jobs.
 
 A worker of the HTTP API leaves all of this to the server: it settles workflows inside each
-finish, its reaper recovers a silent worker's jobs, and it owns ``JOBS_QUEUE_LIMITS`` and the
-schedules. So these duties are not part of the :class:`~django_jobs.worker.postgres_queue.Queue`
-protocol that every transport implements: the supervisor is given them only when it has a
-database (:class:`PostgresDuties`, on the same connection as its queue), and skips them
-otherwise.
+finish, its reaper recovers a silent worker's jobs, and it owns ``JOBS_QUEUE_LIMITS``, the
+schedules and the alert thresholds. So these duties are not part of the
+:class:`~django_jobs.worker.postgres_queue.Queue` protocol that every transport implements: the
+supervisor is given them only when it has a database (:class:`PostgresDuties`, on the same
+connection as its queue), and skips them otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from django_jobs import queues, workflows
+from django_jobs import alerts, queues, workflows
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.schedules import declarations, ticks
 from django_jobs.store import WorkerInfo, job_reads
@@ -38,8 +38,13 @@ class DatabaseDuties(Protocol):
         """Write ``JOBS_QUEUE_LIMITS`` into the queue table."""
         ...
 
+    def sync_alert_thresholds(self) -> None:
+        """Write ``JOBS_ALERTS`` and the tasks' expected durations into the table the
+        ``django_jobs_alerts`` view reads."""
+        ...
+
     def sync_schedules(self) -> declarations.SyncReport:
-        """Sync the schedules declared in code."""
+        """Sync the schedules declared in code, and the alert thresholds (their grace)."""
         ...
 
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
@@ -73,9 +78,15 @@ class PostgresDuties:
         with self.connection.cursor() as cursor:
             queues.sync_limits(cursor)
 
+    def sync_alert_thresholds(self) -> None:
+        with self.connection.cursor() as cursor:
+            alerts.sync_thresholds(cursor)
+
     def sync_schedules(self) -> declarations.SyncReport:
         with self.connection.cursor() as cursor:
-            return declarations.sync(cursor)
+            report = declarations.sync(cursor)
+            alerts.sync_thresholds(cursor)
+            return report
 
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         with self.connection.cursor() as cursor:
@@ -90,12 +101,13 @@ class PostgresDuties:
 
 def start_up(duties: DatabaseDuties, gate: QueueGate, worker: WorkerInfo) -> bool:
     """What a worker with a database does once, before its first claim: recover the jobs that
-    its earlier boots left running, and write ``JOBS_QUEUE_LIMITS`` into the queue table. False
-    if the database refused (the worker tries again)."""
+    its earlier boots left running, write ``JOBS_QUEUE_LIMITS`` into the queue table and the
+    alert thresholds into theirs. False if the database refused (the worker tries again)."""
 
     def run() -> None:
         # A container restarted in its pod keeps its name: its earlier boot's jobs are lost.
         duties.recover_earlier_boots(worker)
         duties.sync_queue_limits()
+        duties.sync_alert_thresholds()
 
     return gate.call("startup recovery", run) is not FAILED

@@ -23,6 +23,7 @@ VIEWS = [
     "django_jobs_running",
     "django_jobs_queue_demand",
     "django_jobs_steps",
+    "django_jobs_alerts",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.

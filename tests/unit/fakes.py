@@ -286,6 +286,9 @@ class FakeQueue:
     def sync_queue_limits(self) -> None:
         self._call("queue limits sync")
 
+    def sync_alert_thresholds(self) -> None:
+        self._call("alert thresholds sync")
+
     def unregister(self, worker_id: str) -> None:
         self._call("unregister")
 

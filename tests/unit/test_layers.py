@@ -52,6 +52,7 @@ LAYERS: list[set[str]] = [
         "queues",
         "queues.controls",
         "tokens.auth",
+        "alerts",
     },
     # the worker and the services
     {
@@ -256,6 +257,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
         "django_jobs.models.queue_control",
         "django_jobs.models.api_token",
         "django_jobs.models.step",
+        "django_jobs.models.alert_threshold",
     }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",

@@ -6,6 +6,7 @@ import pytest
 
 from django_jobs import InvalidOption, JobsError, Task, UnknownTask, job
 from django_jobs.registry import registry
+from django_jobs.tasks import declare_remote_tasks
 from testproject.examples.jobs import build_report
 
 
@@ -63,6 +64,25 @@ def test_using_returns_a_copy_with_call_options() -> None:
 def test_bad_options_are_refused_with_a_clear_message(options: dict, message: str) -> None:
     with pytest.raises(InvalidOption, match=message):
         build_report.using(**options)
+
+
+def test_expected_duration_is_kept_and_checked_like_timeout() -> None:
+    @job(name="tests.registry.expected", expected_duration=600)
+    def expected() -> None: ...
+
+    assert expected.expected_duration == 600
+    assert expected.using(priority=5).expected_duration == 600
+    for bad in (0, -1, 1.5, True, "10m", 2**31):
+        with pytest.raises(InvalidOption, match="expected_duration must be a whole number of"):
+            job(name="tests.registry.bad_expected", expected_duration=bad)(lambda: None)
+    assert "tests.registry.bad_expected" not in registry
+
+
+def test_a_remote_task_takes_an_expected_duration() -> None:
+    (train,) = declare_remote_tasks({"tests.registry.train": {"expected_duration": 7200}})
+    assert train.expected_duration == 7200
+    with pytest.raises(InvalidOption, match=r"JOBS_REMOTE_TASKS\['tests.registry.gpu'\]: exp"):
+        declare_remote_tasks({"tests.registry.gpu": {"expected_duration": -5}})
 
 
 def test_two_functions_cannot_share_a_name() -> None:

@@ -128,6 +128,7 @@ def test_a_claimed_job_is_run_by_an_executor_and_finished(clock: Clock, logs: Re
         ("heartbeat", None),
         ("startup recovery", None),
         ("queue limits sync", None),
+        ("alert thresholds sync", None),
         ("claim", None),
         ("finish", job.id),
         ("unregister", None),

@@ -1,4 +1,5 @@
-"""``manage.py syncschedules``: write the schedules declared in code into the table."""
+"""``manage.py syncschedules``: write the schedules declared in code into the table, and the
+alert thresholds (``JOBS_ALERTS``, the tasks' expected durations) into theirs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_jobs import conf
+from django_jobs import alerts, conf
 from django_jobs.management.errors import database_errors
 from django_jobs.schedules import declarations
 
@@ -15,8 +16,9 @@ from django_jobs.schedules import declarations
 class Command(BaseCommand):
     help = (
         "Sync the periodic jobs declared in code (@job(schedule=...), JOBS_SCHEDULES) into the "
-        "schedules table, and print what was added, changed and marked removed. Schedulers do "
-        "this when they start; schedules made in the admin are never touched."
+        "schedules table, and print what was added, changed and marked removed; and write "
+        "JOBS_ALERTS and the tasks' expected durations into the alert thresholds' table. "
+        "Schedulers do this when they start; schedules made in the admin are never touched."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,6 +31,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with database_errors(), connections[conf.database_alias()].cursor() as cursor:
             report = declarations.sync(cursor, dry_run=options["check"])
+            thresholds = None if options["check"] else alerts.sync_thresholds(cursor)
         for line in report.lines():
             self.stdout.write(("would be " if options["check"] else "") + line)
         self.stdout.write(
@@ -36,6 +39,11 @@ class Command(BaseCommand):
             if options["check"]
             else f"schedules synced: {report.summary()}"
         )
+        if thresholds is not None:
+            self.stdout.write(
+                f"alert thresholds synced: {thresholds.written} written, "
+                f"{thresholds.removed} removed"
+            )
         if options["check"] and not report.in_sync:
             raise CommandError("the schedules table is out of sync with the code", returncode=1)
         if report.errors:
