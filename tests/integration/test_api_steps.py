@@ -427,11 +427,11 @@ def test_a_claim_reads_the_steps_and_cursors_in_its_one_statement() -> None:
         claimed = operations.claim(info, ["remote"], [])
 
     assert len(sent.captured_queries) == 1, sent.captured_queries
-    assert "django_jobs_step" in sent.captured_queries[0]["sql"]
+    assert "django_jobs_checkpoint(c.id)" in sent.captured_queries[0]["sql"]
     assert claimed is not None and claimed.id == job_id and claimed.checkpoint is not None
     assert claimed.checkpoint.decoded() == {"steps": {"a": 1}, "cursors": {"page": 2}}
     # The database worker's claim is the plain one: its run reads a checkpoint only if it asks.
-    assert "django_jobs_step" not in query("call_claim")
+    assert "django_jobs_checkpoint" not in query("call_claim")
 
 
 def test_a_finish_with_claim_next_reads_the_next_jobs_checkpoint_in_its_one_statement() -> None:

@@ -126,6 +126,7 @@ def test_each_function_file_makes_the_function_and_version_it_is_named_for() -> 
         "django_jobs_keyed_candidate",
         "django_jobs_free_candidate",
         "django_jobs_setting",
+        "django_jobs_checkpoint",
     }
 
 

@@ -28,20 +28,15 @@ SELECT * FROM django_jobs_claim(%(worker_id)s::text, %(queues)s::text[], %(skip_
 -- The HTTP API's claim: call_claim, and the claimed job's checkpoint with it, so that a worker of
 -- the API resumes from the claim's answer and a job costs no statement more: its recorded steps'
 -- results by name and its cursors' values by name, as JSON text (NULL: none; both NULL when no
--- job was ready). A database worker claims with call_claim, and reads the checkpoint only for a
--- run that asks for a step or a cursor (store/steps.py: checkpoint). The two reads run in the
--- statement's snapshot, taken as it starts: every step and cursor that an earlier attempt wrote
--- before the attempt ended (which made the job claimable) is in it, but for one written in the
--- instant between the statement's start and the claim's own snapshot; a step missed that way
--- runs again, and record_step answers it with the recorded result. A job without steps or
--- cursors costs two index probes that find nothing more.
--- Index: those of django_jobs_claim; step_job_name_unique; the job table's primary key.
-SELECT c.*,
-       (SELECT jsonb_object_agg(s.name, s.result)::text
-        FROM django_jobs_step s WHERE s.job_id = c.id) AS steps,
-       (SELECT jsonb_object_agg(k.key, k.value -> 'value')::text
-        FROM django_jobs_job j, jsonb_each(j.cursors) k WHERE j.id = c.id) AS cursors
+-- job was ready), read by django_jobs_checkpoint (functions/), which says why it is a function
+-- and why its snapshot holds every step and cursor an earlier attempt wrote. A database worker
+-- claims with call_claim, and reads the checkpoint only for a run that asks for a step or a
+-- cursor (steps.sql: checkpoint). The claim is the outer side of the LATERAL join, so it runs
+-- first; with no job claimed, the checkpoint is not read.
+-- Index: those of django_jobs_claim and django_jobs_checkpoint.
+SELECT c.*, k.steps, k.cursors
 FROM django_jobs_claim(%(worker_id)s::text, %(queues)s::text[], %(skip_tasks)s::text[]) AS c
+LEFT JOIN LATERAL django_jobs_checkpoint(c.id) AS k ON true
 
 -- name: keyed_candidate
 -- The keyed candidate of a claim, for reading its plan (functions/ has the function).

@@ -19,25 +19,22 @@ SELECT * FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(wor
 -- the only plan is a nested loop whose outer side, the finish, runs to its end first; with no
 -- finish row, the claim is never called. Each function takes a new snapshot per statement, so
 -- the claim sees what the finish wrote (a queue or key slot it freed). With it, the checkpoint
--- of the job it claims, as call_claim_with_checkpoint reads it (claim.sql, which says why its
--- snapshot holds what earlier attempts wrote), so that the worker resumes the next job from the
--- answer; the two reads come after the join, once per row. A job claimed again by its own
--- finish (a retry due at once) gets the steps and cursors of the attempt that has just ended.
+-- of the job it claims, read by django_jobs_checkpoint as call_claim_with_checkpoint reads it
+-- (claim.sql), so that the worker resumes the next job from the answer; it is the innermost side
+-- of the joins, read once the claim has run, and only for a claimed job. A job claimed again by
+-- its own finish (a retry due at once) gets the steps and cursors of the attempt that has just
+-- ended.
 -- One row: the finish's four columns, the claim's, then the claimed job's steps and cursors as
 -- JSON text (all NULL when no job was claimed).
--- Index: those of django_jobs_finish and django_jobs_claim; step_job_name_unique; the job
--- table's primary key.
-SELECT f.state, f.parent_id, f.has_dependents, f.has_children, c.*,
-       (SELECT jsonb_object_agg(s.name, s.result)::text
-        FROM django_jobs_step s WHERE s.job_id = c.id) AS steps,
-       (SELECT jsonb_object_agg(k.key, k.value -> 'value')::text
-        FROM django_jobs_job j, jsonb_each(j.cursors) k WHERE j.id = c.id) AS cursors
+-- Index: those of django_jobs_finish, django_jobs_claim and django_jobs_checkpoint.
+SELECT f.state, f.parent_id, f.has_dependents, f.has_children, c.*, k.steps, k.cursors
 FROM django_jobs_finish(%(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
                         %(lease)s::uuid, %(outcome)s::text, %(result)s::text,
                         %(error)s::text, %(traceback)s::text, %(retryable)s::boolean,
                         %(retry_delay)s::float8) AS f
 LEFT JOIN LATERAL django_jobs_claim(%(worker_id)s::text, %(queues)s::text[],
                                     %(skip_tasks)s::text[]) AS c ON true
+LEFT JOIN LATERAL django_jobs_checkpoint(c.id) AS k ON true
 
 -- name: reap
 -- transition: end attempt

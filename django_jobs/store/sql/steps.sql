@@ -45,11 +45,9 @@ SELECT result::text AS result FROM django_jobs_step WHERE job_id = %(job_id)s AN
 -- name: checkpoint
 -- What a run resumes from: the results of the job's recorded steps, by name, and its cursors'
 -- values, by name, as JSON text (NULL: none). Read once per run, by a run that uses a step or a
--- cursor, never by one that does not. Index: the job table's primary key; step_job_name_unique.
-SELECT (SELECT jsonb_object_agg(s.name, s.result)::text
-        FROM django_jobs_step s WHERE s.job_id = %(job_id)s) AS steps,
-       (SELECT jsonb_object_agg(c.key, c.value -> 'value')::text
-        FROM django_jobs_job j, jsonb_each(j.cursors) c WHERE j.id = %(job_id)s) AS cursors
+-- cursor, never by one that does not; django_jobs_checkpoint (functions/) reads them.
+-- Index: those of django_jobs_checkpoint.
+SELECT steps, cursors FROM django_jobs_checkpoint(%(job_id)s)
 
 -- name: owns_lease
 -- Whether the run of this lease still owns its job: the job is running this very claim
