@@ -94,6 +94,26 @@ def check_alerts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     ]
 
 
+@checks.register()
+def check_rollups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``JOBS_ROLLUP_RETENTION`` must be a duration and ``JOBS_ROLLUP_INTERVAL`` seconds, 0 or
+    more."""
+    found = []
+    for read in (conf.rollup_retention, conf.rollup_interval):
+        try:
+            read()
+        except ImproperlyConfigured as error:
+            found.append(
+                checks.Error(
+                    str(error),
+                    hint="JOBS_ROLLUP_RETENTION: a duration like '400d' or '12w'; "
+                    "JOBS_ROLLUP_INTERVAL: seconds between a worker's rollup looks, 0 for none.",
+                    id="django_jobs.E008",
+                )
+            )
+    return found
+
+
 #: The tag of the periodic jobs' check, which the worker and scheduler commands leave out.
 SCHEDULES = "django_jobs_schedules"
 

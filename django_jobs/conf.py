@@ -299,6 +299,33 @@ def scheduler_interval() -> float:
     return float(_get("JOBS_SCHEDULER_INTERVAL", 30.0))
 
 
+def rollup_retention() -> timedelta:
+    """``JOBS_ROLLUP_RETENTION``: how long ``prunejobs`` keeps the hourly rollups (a duration as
+    :func:`parse_duration` reads it). Their all-time totals are never deleted. Default
+    ``"400d"``: a year and a month, for a year-on-year look."""
+    try:
+        return parse_duration(_get("JOBS_ROLLUP_RETENTION", "400d"))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"JOBS_ROLLUP_RETENTION: {exc}") from None
+
+
+def rollup_interval() -> float:
+    """``JOBS_ROLLUP_INTERVAL``: seconds between a worker's looks at whether an hour is due to be
+    rolled up (a look costs one indexed read of one row). 0 turns the worker's passes off (then
+    run ``manage.py prunejobs`` or ``manage.py rollupjobs`` from cron). Default 60."""
+    value = _get("JOBS_ROLLUP_INTERVAL", 60.0)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ImproperlyConfigured(
+            f"JOBS_ROLLUP_INTERVAL: expected seconds, 0 or more (0 turns the passes off), "
+            f"not {value!r}"
+        )
+    return seconds
+
+
 def read_database_alias() -> str:
     """``JOBS_READ_DATABASE``: the database alias of the read-only queries of the admin's
     dashboard, ``jobstats`` and the readers of :mod:`django_jobs.stats` (a streaming replica,

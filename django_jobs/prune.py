@@ -23,11 +23,12 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from django_jobs import conf, store
+from django_jobs import conf, rollups, store
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
 from django_jobs.states import TERMINAL_STATES
 from django_jobs.store import db
+from django_jobs.store import rollups as rollup_statements
 from django_jobs.store.sql import query
 
 
@@ -51,6 +52,8 @@ class PruneResult:
     kept: int = 0
     #: Periodic jobs' tick records deleted (they go with the same cutoff).
     ticks: int = 0
+    #: Hourly rollup rows deleted (older than ``JOBS_ROLLUP_RETENTION``).
+    rollups: int = 0
     batches: int = 0
     elapsed: float = 0.0
 
@@ -65,6 +68,8 @@ class PruneResult:
             line += f"; kept {self.kept} that unfinished jobs still need or were being written"
         if self.ticks:
             line += f"; {self.ticks} schedule tick record(s)"
+        if self.rollups:
+            line += f"; {self.rollups} hourly rollup row(s) past their retention"
         return line + f" ({self.batches} batch(es), {self.elapsed:.1f}s)"
 
 
@@ -86,6 +91,17 @@ def _prune_ticks(alias: str, cutoff: datetime, batch_size: int, dry_run: bool) -
             return ticks.ticks
         deleted += ticks.ticks
         if ticks.ticks < batch_size:
+            return deleted
+
+
+def _prune_rollups(alias: str, age: timedelta, batch_size: int) -> int:
+    """Delete the hourly rollup rows older than ``age``, ``batch_size`` per transaction."""
+    deleted = 0
+    while True:
+        with connections[alias].cursor() as cursor:
+            gone = rollup_statements.prune(cursor, age, batch_size)
+        deleted += gone
+        if gone < batch_size:
             return deleted
 
 
@@ -136,10 +152,18 @@ def prune(
     age = defaults.older_than if older_than is None else older_than
     alias = conf.database_alias()
     started = time.monotonic()
+    if not dry_run:
+        # History first: the hours that have closed are rolled up before anything goes, and
+        # nothing finished after the watermark is deleted (a dry run counts up to where the
+        # watermark would be).
+        rollups.roll_up(alias=alias)
     with connections[alias].cursor() as cursor:
         clock = db.fetch_one_as(db.execute(cursor, query("prune_cutoff"), {"age": age}), _Cutoff)
-    assert clock is not None  # a SELECT without FROM has one row
-    cutoff = clock.cutoff
+        assert clock is not None  # a SELECT without FROM has one row
+        where = rollup_statements.span(cursor, rollups.ROLLUP_DELAY)
+    # With no watermark, nothing had finished before the last closed hour.
+    watermark = where.closed_until if dry_run or where.rolled_until is None else where.rolled_until
+    cutoff = min(clock.cutoff, watermark)
     result = PruneResult(cutoff=cutoff, states=chosen, dry_run=dry_run)
     params: dict[str, Any] = {
         "states": list(chosen),
@@ -170,5 +194,7 @@ def prune(
             break
         params.update(after_at=batch.last_at, after_id=batch.last_id)
     result.ticks = _prune_ticks(alias, cutoff, batch_size, dry_run)
+    if not dry_run:
+        result.rollups = _prune_rollups(alias, conf.rollup_retention(), batch_size)
     result.elapsed = time.monotonic() - started
     return result

@@ -3,8 +3,9 @@
 dependencies (:mod:`~django_jobs.models.dependency`), steps (:mod:`~django_jobs.models.step`),
 live workers (:mod:`~django_jobs.models.live_worker`), periodic jobs
 (:mod:`~django_jobs.models.schedule`), queue controls (:mod:`~django_jobs.models.queue_control`),
-API tokens (:mod:`~django_jobs.models.api_token`) and the thresholds of the alerts view
-(:mod:`~django_jobs.models.alert_threshold`). Tables and constraints only: what changes
+API tokens (:mod:`~django_jobs.models.api_token`), the thresholds of the alerts view
+(:mod:`~django_jobs.models.alert_threshold`) and the hourly rollups
+(:mod:`~django_jobs.models.rollup`). Tables and constraints only: what changes
 rows lives in :mod:`django_jobs.store` and the feature folders."""
 
 from django_jobs.models.alert_threshold import AlertThreshold
@@ -14,6 +15,7 @@ from django_jobs.models.dependency import Dependency
 from django_jobs.models.job import Dashboard, Job, TransactionNow
 from django_jobs.models.live_worker import Worker
 from django_jobs.models.queue_control import Queue
+from django_jobs.models.rollup import Rollup, RollupState, RollupTotal
 from django_jobs.models.schedule import Schedule, ScheduleTick
 from django_jobs.models.step import Step
 
@@ -34,6 +36,9 @@ __all__ = [
     "Dependency",
     "Job",
     "Queue",
+    "Rollup",
+    "RollupState",
+    "RollupTotal",
     "Schedule",
     "ScheduleTick",
     "Step",

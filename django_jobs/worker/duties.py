@@ -2,7 +2,7 @@
 
 A worker of the HTTP API leaves all of this to the server: it settles workflows inside each
 finish, its reaper recovers a silent worker's jobs, and it owns ``JOBS_QUEUE_LIMITS``, the
-schedules and the alert thresholds. So these duties are not part of the
+schedules, the alert thresholds and the rollups. So these duties are not part of the
 :class:`~django_jobs.worker.postgres_queue.Queue` protocol that every transport implements: the
 supervisor is given them only when it has a database (:class:`PostgresDuties`, on the same
 connection as its queue), and skips them otherwise.
@@ -11,13 +11,15 @@ connection as its queue), and skips them otherwise.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Protocol
 
-from django_jobs import alerts, queues, workflows
+from django_jobs import alerts, queues, rollups, workflows
 from django_jobs.reaper import recover_earlier_boots
 from django_jobs.schedules import declarations, ticks
 from django_jobs.store import WorkerInfo, job_reads
 from django_jobs.store.connection import QueueConnection
+from django_jobs.store.rollups import Rolled
 from django_jobs.worker.postgres_queue import FAILED, QueueGate
 
 
@@ -49,6 +51,10 @@ class DatabaseDuties(Protocol):
 
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         """Enqueue the due ticks of the schedules of ``tasks``."""
+        ...
+
+    def roll_up(self, span: timedelta) -> Rolled | None:
+        """Roll up at most ``span`` of closed hours (:func:`django_jobs.rollups.roll_up_once`)."""
         ...
 
     def next_ready_within(
@@ -91,6 +97,10 @@ class PostgresDuties:
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         with self.connection.cursor() as cursor:
             return ticks.fire_due(cursor, tasks)
+
+    def roll_up(self, span: timedelta) -> Rolled | None:
+        with self.connection.cursor() as cursor:
+            return rollups.roll_up_once(cursor, span)
 
     def next_ready_within(
         self, queues: Sequence[str], skip_tasks: Sequence[str], within: float

@@ -48,6 +48,7 @@ from django_jobs.worker.outbox import Outbox
 from django_jobs.worker.outcomes import OutcomeLog
 from django_jobs.worker.postgres_queue import FAILED, PostgresQueue, Queue, QueueGate
 from django_jobs.worker.process_pool import ExecutorPool
+from django_jobs.worker.rollup_pass import RollupPass
 from django_jobs.worker.round_trip import RoundTrip
 from django_jobs.worker.runs import Runs
 from django_jobs.worker.signals import WakeSocket
@@ -135,6 +136,7 @@ class Supervisor:
         self.stats = self.log.stats
         self.gate = QueueGate(self.db, round_trip)
         self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
+        self.rollups = RollupPass(duties, self.gate)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(
             self.db, self.outbox, conf.progress_interval(), cursor_interval=conf.cursor_interval()
@@ -267,6 +269,7 @@ class Supervisor:
         if self.duties is not None and not self.recovered and not self.gate.waiting():
             self.recovered = start_up(self.duties, self.gate, self.info)
         self.scheduler.step(self.stopping)
+        self.rollups.step(self.stopping)
         if now >= self.next_poll:
             self.queue_may_have_work = True
         if self.wakeup is not None:
@@ -359,7 +362,7 @@ class Supervisor:
             or self.outbox
         ):
             return 0.0
-        moments = [self.heartbeats.next_at, self.scheduler.due_at]
+        moments = [self.heartbeats.next_at, self.scheduler.due_at, self.rollups.due_at]
         if self.grace_deadline is not None:
             moments.append(self.grace_deadline)
         return max(0.0, min(self.long_poll, min(moments) - time.monotonic()))
@@ -397,7 +400,7 @@ class Supervisor:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        moments = [self.heartbeats.next_at, self.scheduler.due_at]
+        moments = [self.heartbeats.next_at, self.scheduler.due_at, self.rollups.due_at]
         # While claims are held back (a database backoff, no recent heartbeat, stopping), a
         # poll is no reason to wake: what ends the hold is a moment below, or an event.
         if self._can_claim():

@@ -29,6 +29,7 @@ ONE_SHOT_COMMANDS = [
     ["jobstats"],
     ["reapjobs"],
     ["prunejobs"],
+    ["rollupjobs"],
     ["jobqueue", "list"],
     ["jobqueue", "pause", "default"],
     ["syncschedules"],

@@ -292,6 +292,10 @@ class FakeQueue:
     def unregister(self, worker_id: str) -> None:
         self._call("unregister")
 
+    def roll_up(self, span: datetime.timedelta) -> None:
+        """No hour to roll up."""
+        self._call("rollups")
+
     def sync_schedules(self) -> SyncReport:
         self._call("sync_schedules")
         return SyncReport()

@@ -53,6 +53,7 @@ LAYERS: list[set[str]] = [
         "queues.controls",
         "tokens.auth",
         "alerts",
+        "rollups",
     },
     # the worker and the services
     {
@@ -258,6 +259,7 @@ def test_the_finder_reads_each_form_of_import() -> None:
         "django_jobs.models.api_token",
         "django_jobs.models.step",
         "django_jobs.models.alert_threshold",
+        "django_jobs.models.rollup",
     }
     assert early["django_jobs.workflows"] == {
         "django_jobs.cursor",

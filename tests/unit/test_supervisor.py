@@ -382,8 +382,9 @@ def test_a_finish_the_database_lost_is_written_again_and_an_orphan_is_released(
 
 
 def test_an_idle_worker_long_polls_until_its_next_heartbeat_and_not_while_a_job_runs(
-    clock: Clock,
+    clock: Clock, settings
 ) -> None:
+    settings.JOBS_ROLLUP_INTERVAL = 0  # no rollup pass due before the heartbeat
     queue = FakeQueue(clock)
     executors = FakeExecutors(clock)
     worker = supervisor(queue, executors, concurrency=2, long_poll=30.0)

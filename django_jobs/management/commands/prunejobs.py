@@ -32,7 +32,9 @@ class Command(BaseCommand):
         "Delete finished jobs older than a retention period, with their attempts and dependency "
         "rows, in small batches. Jobs that an unfinished job depends on or descends from are "
         "kept. Defaults come from JOBS_RETENTION (finished more than 14 days ago; done, "
-        "cancelled and error)."
+        "cancelled and error). The hours that have closed are rolled up first (see "
+        "rollupjobs), no job finished after the rollups' watermark is deleted, and hourly "
+        "rollups older than JOBS_ROLLUP_RETENTION (400d) go too."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,0 +1,143 @@
+"""Hourly rollups: finished jobs and ended attempts summed per UTC hour, queue, task and outcome,
+kept after ``prunejobs`` has deleted the jobs (tables of :mod:`django_jobs.models.rollup`).
+
+An hour is rolled up once it ended more than :data:`ROLLUP_DELAY` ago, by whichever comes
+first: a worker's periodic pass (every ``JOBS_ROLLUP_INTERVAL`` seconds it looks whether an hour
+is due: one read of one row), ``manage.py rollupjobs``, or ``manage.py prunejobs``, which rolls
+up before it deletes and never deletes a job finished after the watermark. Each pass is one
+statement that moves the watermark and writes the hours behind it (store/sql/rollups.sql): any
+number of workers may try at once, and each hour is written exactly once; a crash rolls back
+the whole pass, so nothing is counted twice or lost.
+
+Durations fall in :data:`DURATION_BOUNDS`' buckets, from which :func:`percentile` estimates
+p50 and p95 (as Prometheus' ``histogram_quantile`` does) and Prometheus' histograms are
+served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from django.db import connections
+
+from django_jobs import conf
+from django_jobs.cursor import Cursor
+from django_jobs.store import rollups as statements
+
+#: The upper bounds, in seconds, of the duration buckets, from 100 ms to about 14 hours. Never
+#: change them on a database that has rollups: the counts are stored by position.
+DURATION_BOUNDS: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+    3600.0, 7200.0, 14400.0, 28800.0, 50000.0,
+)  # fmt: skip
+
+#: How long after an hour's end it is rolled up: a finish is stamped with its transaction's
+#: now(), so one that began before the hour ended commits a little later.
+ROLLUP_DELAY = timedelta(minutes=5)
+
+#: The hours one pass of ``rollupjobs`` or ``prunejobs`` covers (a worker's covers one: its
+#: loop must not wait long).
+COMMAND_SPAN = timedelta(hours=24)
+
+
+@dataclasses.dataclass
+class RollupResult:
+    """What :func:`roll_up` did."""
+
+    #: Passes that moved the watermark, and the hourly rows they wrote.
+    passes: int = 0
+    rows: int = 0
+    #: 1 when a pass found another process rolling up (it was left to that one).
+    lost_races: int = 0
+    rolled_until: datetime | None = None
+    elapsed: float = 0.0
+
+    def summary(self) -> str:
+        until = (
+            "nothing finished yet"
+            if self.rolled_until is None
+            else f"rolled up until {self.rolled_until:%Y-%m-%d %H:%M %Z}"
+        )
+        return f"{until}: {self.rows} hourly row(s) in {self.passes} pass(es) ({self.elapsed:.1f}s)"
+
+
+def hour_after(moment: datetime) -> datetime:
+    """The start of the UTC hour after the one ``moment`` falls in."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+
+def roll_up_once(cursor: Cursor, span: timedelta = COMMAND_SPAN) -> statements.Rolled | None:
+    """One pass: roll up at most ``span`` of closed hours after the watermark. None when no hour
+    is due (the watermark is at the last closed hour, or nothing has finished)."""
+    where = statements.span(cursor, ROLLUP_DELAY)
+    start = where.rolled_until
+    if start is None:
+        if where.earliest is None:
+            return None  # nothing has finished yet: the watermark waits for the first finish
+        end = min(hour_after(where.earliest) + span - timedelta(hours=1), where.closed_until)
+        if end <= where.earliest:
+            return None  # the earliest finish's hour has not closed yet
+    else:
+        end = min(start + span, where.closed_until)
+        if end <= start:
+            return None
+    return statements.roll_up(cursor, start, end, DURATION_BOUNDS)
+
+
+def roll_up(
+    *,
+    alias: str | None = None,
+    span: timedelta = COMMAND_SPAN,
+    progress: Callable[[RollupResult], None] | None = None,
+) -> RollupResult:
+    """Roll up every closed hour after the watermark, ``span`` per transaction; call
+    ``progress`` after each pass."""
+    started = time.monotonic()
+    result = RollupResult()
+    with connections[alias or conf.database_alias()].cursor() as cursor:
+        while True:
+            rolled = roll_up_once(cursor, span)
+            if rolled is None:
+                break
+            if not rolled.advanced:
+                # Another process is rolling up (or just did): leave the rest to it.
+                result.lost_races += 1
+                break
+            result.passes += 1
+            result.rows += rolled.rows
+            result.elapsed = time.monotonic() - started
+            if progress is not None:
+                progress(result)
+        result.rolled_until = statements.rolled_until(cursor)
+    result.elapsed = time.monotonic() - started
+    return result
+
+
+def percentile(
+    buckets: Sequence[int], q: float, bounds: Sequence[float] = DURATION_BOUNDS
+) -> float | None:
+    """The ``q`` quantile (0..1) of the durations counted in ``buckets``, interpolated linearly
+    inside its bucket (from 0 for the first); a duration in the last, open bucket is reported
+    as the last bound. None when nothing is counted."""
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(buckets):
+        if n and seen + n >= rank:
+            if i >= len(bounds):
+                return bounds[-1]
+            low = 0.0 if i == 0 else bounds[i - 1]
+            return low + (bounds[i] - low) * max(rank - seen, 0) / n
+        seen += n
+    return bounds[-1]
+
+
+def add_buckets(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    """Two bucket arrays summed position by position."""
+    width = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width)]

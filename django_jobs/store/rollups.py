@@ -1,0 +1,67 @@
+"""The statements of the hourly rollups (django_jobs/rollups.py), in
+django_jobs/store/sql/rollups.sql."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from django_jobs.cursor import Cursor
+from django_jobs.store import db
+from django_jobs.store.sql import query
+
+
+class Span(NamedTuple):
+    """Where the rollups stand: every hour before ``rolled_until`` is rolled up (None: none
+    yet); hours before ``closed_until`` may be; ``earliest``: before the first pass, the
+    earliest finish on record."""
+
+    rolled_until: datetime | None
+    closed_until: datetime
+    earliest: datetime | None
+
+
+class Rolled(NamedTuple):
+    """What one pass wrote: ``advanced`` 0 when another pass had moved the watermark first."""
+
+    advanced: int
+    rows: int
+    totals: int
+
+
+class _Deleted(NamedTuple):
+    deleted: int
+
+
+class _Watermark(NamedTuple):
+    rolled_until: datetime | None
+
+
+def span(cursor: Cursor, delay: timedelta) -> Span:
+    found = db.fetch_one_as(db.execute(cursor, query("rollup_span"), {"delay": delay}), Span)
+    assert found is not None  # a SELECT from VALUES has one row
+    return found
+
+
+def roll_up(
+    cursor: Cursor, start: datetime | None, end: datetime, bounds: Sequence[float]
+) -> Rolled:
+    """Roll up the hours in [``start``, ``end``) if the watermark is still at ``start``."""
+    params = {"from": start, "to": end, "bounds": list(bounds)}
+    rolled = db.fetch_one_as(db.execute(cursor, query("roll_up"), params), Rolled)
+    assert rolled is not None  # a SELECT without FROM has one row
+    return rolled
+
+
+def rolled_until(cursor: Cursor) -> datetime | None:
+    found = db.fetch_one_as(db.execute(cursor, query("rolled_until")), _Watermark)
+    return None if found is None else found.rolled_until
+
+
+def prune(cursor: Cursor, age: timedelta, batch_size: int) -> int:
+    """Delete up to ``batch_size`` hourly rows older than ``age``; how many went."""
+    params = {"age": age, "batch_size": batch_size}
+    gone = db.fetch_one_as(db.execute(cursor, query("prune_rollups"), params), _Deleted)
+    assert gone is not None  # a count has one row
+    return gone.deleted

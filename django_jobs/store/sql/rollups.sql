@@ -1,0 +1,157 @@
+-- Hourly rollups (rollups.py, store/rollups.py; tables of migration 0024): finished jobs and
+-- ended attempts summed per UTC hour, queue, task and outcome, before prunejobs deletes them.
+--
+-- A pass rolls up the hours in [rolled_until, to) in one statement that first moves the
+-- watermark (django_jobs_rollup_state, one row) from rolled_until to `to`, compare-and-set:
+-- a pass that finds the row locked by another pass skips it (SKIP LOCKED: it never waits for
+-- a pass), and one that starts after another committed finds the watermark moved; either
+-- writes nothing. A crash rolls the whole statement back, watermark and rows together. So each
+-- hour is rolled up exactly once. An hour is rolled up only once it ended more than
+-- ROLLUP_DELAY ago (rollups.py), so that finishes stamped inside it (now() of their
+-- transaction) have committed.
+
+-- name: rollup_span
+-- The watermark (None before the first pass: its row is written by the first pass), the last
+-- hour that may be rolled up now (exclusive), and, before the first pass, the earliest finish
+-- on record (job_finished_idx and attempt_finished_minute_idx: one probe each).
+SELECT s.rolled_until,
+       timezone('UTC', date_trunc('hour', timezone('UTC', now() - %(delay)s::interval)))
+           AS closed_until,
+       CASE WHEN s.rolled_until IS NULL THEN least(
+           (SELECT min(finished_at) FROM django_jobs_job
+            WHERE state IN ('done', 'error', 'cancelled')),
+           (SELECT min(timezone('UTC', date_trunc('minute', timezone('UTC', finished_at))))
+            FROM django_jobs_attempt)
+       ) END AS earliest
+FROM (VALUES (1)) AS one (id)
+LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
+
+-- name: roll_up
+-- Roll up [from, to): move the watermark (the first pass, from None, writes its row), then write the hours' rows and add them to the
+-- totals. Attempts ended in the span (attempt_finished_minute_idx: the span is whole hours, so
+-- whole minutes), joined to their job by primary key; jobs finished in the span
+-- (job_finished_idx). Durations fall in the buckets of %(bounds)s (width_bucket: bucket i holds
+-- bounds[i] <= d < bounds[i+1], bucket 0 those under the first bound).
+WITH started AS (
+    INSERT INTO django_jobs_rollup_state AS s (id, rolled_until, rolled_at)
+    SELECT 1, %(to)s, now() WHERE %(from)s::timestamptz IS NULL
+    ON CONFLICT (id) DO UPDATE SET rolled_until = EXCLUDED.rolled_until, rolled_at = now()
+    WHERE s.rolled_until IS NOT DISTINCT FROM %(from)s::timestamptz
+    RETURNING s.rolled_until
+), moved AS (
+    UPDATE django_jobs_rollup_state SET rolled_until = %(to)s, rolled_at = now()
+    WHERE id = (SELECT id FROM django_jobs_rollup_state
+                WHERE id = 1 AND %(from)s::timestamptz IS NOT NULL AND rolled_until = %(from)s
+                FOR UPDATE SKIP LOCKED)
+    RETURNING rolled_until
+), advanced AS (
+    SELECT rolled_until FROM started UNION ALL SELECT rolled_until FROM moved
+), attempts AS (
+    SELECT timezone('UTC', date_trunc('hour', timezone('UTC', a.finished_at))) AS hour,
+           j.queue, j.task, a.outcome,
+           greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS seconds
+    FROM django_jobs_attempt a
+    JOIN django_jobs_job j ON j.id = a.job_id
+    WHERE EXISTS (SELECT 1 FROM advanced)
+      AND timezone('UTC', date_trunc('minute', timezone('UTC', a.finished_at)))
+          >= coalesce(%(from)s::timestamptz, '-infinity')
+      AND timezone('UTC', date_trunc('minute', timezone('UTC', a.finished_at))) < %(to)s
+), jobs AS (
+    SELECT timezone('UTC', date_trunc('hour', timezone('UTC', j.finished_at))) AS hour,
+           j.queue, j.task, j.state AS outcome,
+           CASE WHEN j.started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM j.started_at - j.run_after)::float8, 0)
+           END AS waited
+    FROM django_jobs_job j
+    WHERE EXISTS (SELECT 1 FROM advanced)
+      AND j.state IN ('done', 'error', 'cancelled')
+      AND j.finished_at >= coalesce(%(from)s::timestamptz, '-infinity')
+      AND j.finished_at < %(to)s
+), by_bucket AS (
+    SELECT hour, queue, task, outcome,
+           width_bucket(seconds, %(bounds)s::float8[]) AS bucket, count(*) AS n
+    FROM attempts GROUP BY 1, 2, 3, 4, 5
+), attempt_rows AS (
+    SELECT hour, queue, task, outcome, count(*) AS attempts, sum(seconds) AS seconds_total,
+           max(seconds) AS seconds_max
+    FROM attempts GROUP BY 1, 2, 3, 4
+), job_rows AS (
+    SELECT hour, queue, task, outcome, count(*) AS jobs, count(waited) AS waited_jobs,
+           coalesce(sum(waited), 0) AS wait_total, max(waited) AS wait_max
+    FROM jobs GROUP BY 1, 2, 3, 4
+), hourly AS (
+    SELECT k.hour, k.queue, k.task, k.outcome,
+           coalesce(jr.jobs, 0) AS jobs, coalesce(ar.attempts, 0) AS attempts,
+           coalesce(ar.seconds_total, 0) AS duration_seconds_total,
+           ar.seconds_max AS duration_seconds_max,
+           ARRAY(SELECT coalesce(bb.n, 0)
+                 FROM generate_series(0, cardinality(%(bounds)s::float8[])) AS i
+                 LEFT JOIN by_bucket bb
+                   ON bb.hour = k.hour AND bb.queue = k.queue AND bb.task = k.task
+                  AND bb.outcome = k.outcome AND bb.bucket = i
+                 ORDER BY i) AS duration_buckets,
+           coalesce(jr.waited_jobs, 0) AS waited_jobs, coalesce(jr.wait_total, 0) AS wait_total,
+           jr.wait_max
+    FROM (SELECT hour, queue, task, outcome FROM attempt_rows
+          UNION SELECT hour, queue, task, outcome FROM job_rows) k
+    LEFT JOIN attempt_rows ar USING (hour, queue, task, outcome)
+    LEFT JOIN job_rows jr USING (hour, queue, task, outcome)
+), written AS (
+    INSERT INTO django_jobs_rollup
+        (hour, queue, task, outcome, jobs, attempts, duration_seconds_total,
+         duration_seconds_max, duration_buckets, waited_jobs, wait_seconds_total,
+         wait_seconds_max)
+    SELECT hour, queue, task, outcome, jobs, attempts, duration_seconds_total,
+           duration_seconds_max, duration_buckets, waited_jobs, wait_total, wait_max
+    FROM hourly
+    RETURNING 1
+), span_totals AS (
+    SELECT h.queue, h.task, h.outcome, sum(h.jobs) AS jobs, sum(h.attempts) AS attempts,
+           sum(h.duration_seconds_total) AS duration_seconds_total,
+           max(h.duration_seconds_max) AS duration_seconds_max,
+           ARRAY(SELECT sum(b.n)::bigint
+                 FROM hourly h2, unnest(h2.duration_buckets) WITH ORDINALITY AS b (n, i)
+                 WHERE h2.queue = h.queue AND h2.task = h.task AND h2.outcome = h.outcome
+                 GROUP BY b.i ORDER BY b.i) AS duration_buckets,
+           sum(h.waited_jobs) AS waited_jobs, sum(h.wait_total) AS wait_total,
+           max(h.wait_max) AS wait_max
+    FROM hourly h GROUP BY h.queue, h.task, h.outcome
+), totals AS (
+    INSERT INTO django_jobs_rollup_total AS t
+        (queue, task, outcome, jobs, attempts, duration_seconds_total, duration_seconds_max,
+         duration_buckets, waited_jobs, wait_seconds_total, wait_seconds_max)
+    SELECT queue, task, outcome, jobs, attempts, duration_seconds_total, duration_seconds_max,
+           duration_buckets, waited_jobs, wait_total, wait_max
+    FROM span_totals
+    ON CONFLICT (queue, task, outcome) DO UPDATE SET
+        jobs = t.jobs + EXCLUDED.jobs,
+        attempts = t.attempts + EXCLUDED.attempts,
+        duration_seconds_total = t.duration_seconds_total + EXCLUDED.duration_seconds_total,
+        duration_seconds_max = greatest(t.duration_seconds_max, EXCLUDED.duration_seconds_max),
+        duration_buckets = ARRAY(
+            SELECT coalesce(o.n, 0) + coalesce(e.n, 0)
+            FROM unnest(t.duration_buckets) WITH ORDINALITY AS o (n, i)
+            FULL JOIN unnest(EXCLUDED.duration_buckets) WITH ORDINALITY AS e (n, i) USING (i)
+            ORDER BY i),
+        waited_jobs = t.waited_jobs + EXCLUDED.waited_jobs,
+        wait_seconds_total = t.wait_seconds_total + EXCLUDED.wait_seconds_total,
+        wait_seconds_max = greatest(t.wait_seconds_max, EXCLUDED.wait_seconds_max)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM advanced) AS advanced, (SELECT count(*) FROM written) AS rows,
+       (SELECT count(*) FROM totals) AS totals
+
+-- name: prune_rollups
+-- Delete the hourly rows older than the rollups' retention, a batch at a time (the unique
+-- index rollup_once_per_hour, whose leading column is the hour). The totals stay.
+WITH gone AS (
+    DELETE FROM django_jobs_rollup WHERE id IN (
+        SELECT id FROM django_jobs_rollup WHERE hour < now() - %(age)s::interval
+        ORDER BY hour LIMIT %(batch_size)s
+    ) RETURNING 1
+)
+SELECT count(*) AS deleted FROM gone
+
+-- name: rolled_until
+-- The watermark: jobs finished before it are in the rollups (prunejobs deletes no later one).
+SELECT rolled_until FROM django_jobs_rollup_state WHERE id = 1

@@ -1,0 +1,317 @@
+"""Hourly rollups (django_jobs/rollups.py): exact counts, each hour once, and history that
+outlives ``prunejobs``."""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_jobs import rollups
+from django_jobs.models import Job, Rollup, RollupState, RollupTotal
+from django_jobs.prune import prune
+from tests.conftest import connect
+from tests.factories import AttemptFactory, JobFactory
+
+BOUNDS = rollups.DURATION_BOUNDS
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def finished(
+    at: datetime,
+    *,
+    state: str = "done",
+    task: str = "tests.noop",
+    queue: str = "default",
+    seconds: float = 1.0,
+    waited: float = 0.0,
+    failed_first: float | None = None,
+) -> Job:
+    """A job that ended ``state`` at ``at`` after a final attempt of ``seconds`` that started
+    ``waited`` seconds after it was ready; with ``failed_first``, an earlier attempt of that
+    many seconds that failed, ending when the final one started."""
+    started = at - timedelta(seconds=seconds)
+    job = JobFactory(
+        finished=True,
+        state=state,
+        task=task,
+        queue=queue,
+        run_after=started - timedelta(seconds=waited),
+        started_at=started,
+        finished_at=at,
+        attempt=2 if failed_first is not None else 1,
+    )
+    number = 1
+    if failed_first is not None:
+        AttemptFactory(
+            job=job,
+            number=1,
+            outcome="error",
+            started_at=started - timedelta(seconds=failed_first),
+            finished_at=started,
+        )
+        number = 2
+    AttemptFactory(
+        job=job,
+        number=number,
+        outcome="done" if state == "done" else "error",
+        started_at=started,
+        finished_at=at,
+    )
+    return job
+
+
+def bucket(seconds: float) -> list[int]:
+    counts = [0] * (len(BOUNDS) + 1)
+    counts[sum(1 for bound in BOUNDS if bound <= seconds)] += 1
+    return counts
+
+
+def rows() -> dict[tuple[datetime, str, str, str], Rollup]:
+    return {(r.hour, r.queue, r.task, r.outcome): r for r in Rollup.objects.all()}
+
+
+@pytest.mark.django_db
+def test_an_hour_is_counted_exactly_by_outcome_duration_attempts_and_wait() -> None:
+    now = timezone.now()
+    three_ago = hour_of(now) - timedelta(hours=3) + timedelta(minutes=10)
+    two_ago = hour_of(now) - timedelta(hours=2) + timedelta(minutes=20)
+    finished(three_ago, seconds=0.05, waited=2)
+    finished(three_ago + timedelta(minutes=1), seconds=3.0, waited=4)
+    finished(two_ago, state="error", seconds=40.0, failed_first=7.0, waited=1)
+    finished(two_ago, queue="reports", task="tests.report", seconds=4000.0)
+    JobFactory(claimed=True)  # running: nothing to count
+    recent = finished(now - timedelta(seconds=1))  # its hour is not closed: not yet
+
+    result = rollups.roll_up()
+
+    assert result.passes == 1 and result.rows == 3
+    assert result.rolled_until == hour_of(now - rollups.ROLLUP_DELAY)
+    got = rows()
+    done = got[(hour_of(three_ago), "default", "tests.noop", "done")]
+    assert (done.jobs, done.attempts) == (2, 2)
+    assert done.duration_seconds_total == pytest.approx(3.05)
+    assert done.duration_seconds_max == pytest.approx(3.0)
+    assert done.duration_buckets == rollups.add_buckets(bucket(0.05), bucket(3.0))
+    assert (done.waited_jobs, done.wait_seconds_total, done.wait_seconds_max) == (
+        2,
+        pytest.approx(6.0),
+        pytest.approx(4.0),
+    )
+    error = got[(hour_of(two_ago), "default", "tests.noop", "error")]
+    # The job ended in error after two failed attempts: both attempts are in the error row.
+    assert (error.jobs, error.attempts) == (1, 2)
+    assert error.duration_seconds_total == pytest.approx(47.0)
+    assert error.duration_buckets == rollups.add_buckets(bucket(7.0), bucket(40.0))
+    assert error.wait_seconds_total == pytest.approx(1.0)
+    report = got[(hour_of(two_ago), "reports", "tests.report", "done")]
+    assert report.duration_buckets == bucket(4000.0)
+    assert len(got) == 3  # the recent job's hour is still open
+
+    totals = {(t.queue, t.task, t.outcome): t for t in RollupTotal.objects.all()}
+    assert sorted(totals) == [
+        ("default", "tests.noop", "done"),
+        ("default", "tests.noop", "error"),
+        ("reports", "tests.report", "done"),
+    ]
+    assert (totals[("default", "tests.noop", "done")].jobs, recent.state) == (2, "done")
+
+
+@pytest.mark.django_db
+def test_a_second_pass_writes_nothing_and_later_hours_add_to_the_totals() -> None:
+    now = timezone.now()
+    finished(hour_of(now) - timedelta(hours=5, minutes=-5), seconds=2.0)
+    first = rollups.roll_up()
+    assert (first.passes, first.rows) == (1, 1)
+    again = rollups.roll_up()
+    assert (again.passes, again.rows) == (0, 0)
+    assert Rollup.objects.count() == 1
+
+    # A job finished in an hour that is already rolled up would be a bug of the clock; one in a
+    # later hour is added when that hour closes. Here: move the watermark back by hand.
+    RollupState.objects.update(rolled_until=hour_of(now) - timedelta(hours=2))
+    finished(hour_of(now) - timedelta(hours=1, minutes=-30), seconds=30.0)
+    rollups.roll_up()
+    total = RollupTotal.objects.get()
+    assert (total.jobs, total.attempts) == (2, 2)
+    assert total.duration_seconds_total == pytest.approx(32.0)
+    assert total.duration_seconds_max == pytest.approx(30.0)
+    assert total.duration_buckets == rollups.add_buckets(bucket(2.0), bucket(30.0))
+
+
+@pytest.mark.django_db
+def test_nothing_finished_means_no_watermark_yet() -> None:
+    JobFactory()
+    assert rollups.roll_up().rolled_until is None
+    assert not RollupState.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_long_history_is_rolled_up_a_day_per_pass() -> None:
+    now = timezone.now()
+    for days in (10, 5, 1):
+        finished(now - timedelta(days=days))
+    seen = []
+    result = rollups.roll_up(progress=lambda r: seen.append(r.passes))
+    assert result.passes == len(seen) >= 10
+    assert Rollup.objects.count() == 3
+    assert sum(Rollup.objects.values_list("jobs", flat=True)) == 3
+
+
+@pytest.mark.django_db
+def test_prune_rolls_up_first_so_the_history_outlives_the_jobs() -> None:
+    now = timezone.now()
+    for days in (30, 20):
+        finished(now - timedelta(days=days), seconds=5.0)
+        finished(now - timedelta(days=days), state="error", seconds=1.0)
+    result = prune(older_than=timedelta(days=14))
+    assert result.jobs == 4
+    assert not Job.objects.exists()
+    assert sum(Rollup.objects.values_list("jobs", flat=True)) == 4
+    totals = {t.outcome: t for t in RollupTotal.objects.all()}
+    assert (totals["done"].jobs, totals["error"].jobs) == (2, 2)
+    # Nothing of the pruned jobs is counted a second time by a later pass.
+    rollups.roll_up()
+    assert sum(RollupTotal.objects.values_list("jobs", flat=True)) == 4
+
+
+@pytest.mark.django_db
+def test_prune_never_deletes_a_job_its_rollups_have_not_counted() -> None:
+    just_now = finished(timezone.now() - timedelta(seconds=30))
+    result = prune(older_than=timedelta(0))
+    assert result.jobs == 0
+    assert Job.objects.filter(pk=just_now.pk).exists()
+
+
+@pytest.mark.django_db
+def test_prune_deletes_hourly_rows_past_their_retention_and_keeps_the_totals(settings) -> None:
+    now = timezone.now()
+    finished(now - timedelta(days=40))
+    finished(now - timedelta(days=3))
+    rollups.roll_up()
+    settings.JOBS_ROLLUP_RETENTION = "30d"
+    prune(older_than=timedelta(days=365))
+    assert Rollup.objects.count() == 1
+    assert RollupTotal.objects.get().jobs == 2
+
+
+def test_percentiles_interpolate_within_their_bucket() -> None:
+    counts = rollups.add_buckets(bucket(0.05), bucket(3.0))
+    assert rollups.percentile(counts, 0.5) == pytest.approx(0.1)
+    assert rollups.percentile([0] * (len(BOUNDS) + 1), 0.5) is None
+    ten = [0] * (len(BOUNDS) + 1)
+    ten[BOUNDS.index(10.0)] = 10  # ten durations in [5, 10)
+    assert rollups.percentile(ten, 0.5) == pytest.approx(7.5)
+    assert rollups.percentile(ten, 0.95) == pytest.approx(9.75)
+    last = [0] * len(BOUNDS) + [3]
+    assert rollups.percentile(last, 0.99) == BOUNDS[-1]
+
+
+@pytest.mark.django_db
+def test_rollupjobs_command_reports() -> None:
+    finished(timezone.now() - timedelta(days=2))
+    out = StringIO()
+    call_command("rollupjobs", stdout=out)
+    assert "rolled up until" in out.getvalue() and "1 hourly row(s)" in out.getvalue()
+
+
+def _race(barrier, results) -> None:  # pragma: no cover - runs in a child process
+    barrier.wait()
+    result = rollups.roll_up()
+    results.put((result.passes, result.rows, result.lost_races))
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_processes_at_once_write_each_hour_once() -> None:
+    now = timezone.now()
+    for hours in range(2, 60, 3):
+        finished(now - timedelta(hours=hours))
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(3), context.Queue()
+    connection.close()  # children must not share this process' connection
+    processes = [context.Process(target=_race, args=(barrier, results)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    outcomes = [results.get(timeout=5) for _ in processes]
+    assert sum(rows for _, rows, _ in outcomes) == 20
+    assert Rollup.objects.count() == 20
+    assert sum(RollupTotal.objects.values_list("jobs", flat=True)) == 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_that_finds_another_under_way_writes_nothing_and_does_not_wait() -> None:
+    import time
+
+    finished(timezone.now() - timedelta(hours=30))
+    assert rollups.roll_up().passes == 2  # the watermark row exists from here on
+    # As if the last hours were still to roll up, with a job finished in them.
+    RollupState.objects.update(rolled_until=hour_of(timezone.now()) - timedelta(hours=5))
+    finished(timezone.now() - timedelta(hours=3))
+    with connect() as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM django_jobs_rollup_state WHERE id = 1 FOR UPDATE")
+        started = time.monotonic()
+        result = rollups.roll_up()
+        waited = time.monotonic() - started
+        other.execute("ROLLBACK")
+    assert (result.passes, result.lost_races, Rollup.objects.count()) == (0, 1, 1)
+    assert waited < 1.0
+    assert rollups.roll_up().rows == 1
+
+
+@pytest.mark.django_db
+def test_the_documented_query_reads_the_rollups() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    (sql,) = [
+        block
+        for block in re.findall(r"^```sql\n(.*?)^```", text, re.M | re.S)
+        if "FROM django_jobs_rollup\n" in block
+    ]
+    now = timezone.now()
+    finished(now - timedelta(days=2), seconds=2.0)
+    finished(now - timedelta(days=2), seconds=4.0)
+    finished(now - timedelta(days=3), state="error")
+    finished(now - timedelta(days=30), state="error")  # before the 7 days
+    rollups.roll_up()
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        assert cursor.fetchall() == [("tests.noop", pytest.approx(1 / 3), pytest.approx(3.0))]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("JOBS_ROLLUP_RETENTION", "a year", "expected a duration"),
+        ("JOBS_ROLLUP_RETENTION", -5, "cannot be negative"),
+        ("JOBS_ROLLUP_INTERVAL", -1, "0 or more"),
+        ("JOBS_ROLLUP_INTERVAL", "often", "0 or more"),
+    ],
+)
+def test_bad_rollup_settings_are_system_check_errors(settings, setting, value, message) -> None:
+    from django_jobs.checks import check_rollups
+
+    setattr(settings, setting, value)
+    (error,) = check_rollups()
+    assert error.id == "django_jobs.E008" and message in error.msg and setting in error.msg
+
+
+def test_good_rollup_settings_pass_the_check(settings) -> None:
+    from django_jobs.checks import check_rollups
+
+    settings.JOBS_ROLLUP_RETENTION, settings.JOBS_ROLLUP_INTERVAL = "12w", 0
+    assert check_rollups() == []
