@@ -98,7 +98,7 @@ def check_alerts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 def check_rollups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``JOBS_ROLLUP_RETENTION`` must be a duration and ``JOBS_ROLLUP_INTERVAL`` seconds, 0 or
     more."""
-    found = []
+    found: list[checks.CheckMessage] = []
     for read in (conf.rollup_retention, conf.rollup_interval):
         try:
             read()
@@ -109,6 +109,26 @@ def check_rollups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
                     hint="JOBS_ROLLUP_RETENTION: a duration like '400d' or '12w'; "
                     "JOBS_ROLLUP_INTERVAL: seconds between a worker's rollup looks, 0 for none.",
                     id="django_jobs.E008",
+                )
+            )
+    return found
+
+
+@checks.register()
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``JOBS_METRICS_ALLOWED_IPS`` must be a list of addresses or CIDRs and
+    ``JOBS_METRICS_TOKENS`` a list of tokens of at least 16 characters."""
+    found: list[checks.CheckMessage] = []
+    for read in (conf.metrics_allowed_ips, conf.metrics_tokens):
+        try:
+            read()
+        except ImproperlyConfigured as error:
+            found.append(
+                checks.Error(
+                    str(error),
+                    hint="See docs/operations.md, Prometheus: JOBS_METRICS_ALLOWED_IPS = "
+                    "['10.0.0.0/8'], JOBS_METRICS_TOKENS = [os.environ['METRICS_TOKEN']].",
+                    id="django_jobs.E009",
                 )
             )
     return found

@@ -6,6 +6,7 @@ and nowhere else. Values are read on each call, so ``override_settings`` works i
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from datetime import timedelta
@@ -324,6 +325,48 @@ def rollup_interval() -> float:
             f"not {value!r}"
         )
     return seconds
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def metrics_allowed_ips() -> list[IPNetwork]:
+    """``JOBS_METRICS_ALLOWED_IPS``: the addresses and networks (``"10.0.0.0/8"``,
+    ``"127.0.0.1"``, ``"::1"``) from which the Prometheus endpoint answers without a token.
+    Default ``[]``."""
+    value = _get("JOBS_METRICS_ALLOWED_IPS", [])
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ImproperlyConfigured(
+            f"JOBS_METRICS_ALLOWED_IPS: expected a list of addresses or CIDRs, not {value!r}"
+        )
+    networks = []
+    for entry in value:
+        try:
+            networks.append(ipaddress.ip_network(str(entry).strip(), strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"JOBS_METRICS_ALLOWED_IPS: {entry!r} is not an address or a CIDR such as "
+                "'10.0.0.0/8'"
+            ) from None
+    return networks
+
+
+def metrics_tokens() -> list[str]:
+    """``JOBS_METRICS_TOKENS``: bearer tokens any of which opens the Prometheus endpoint
+    (``Authorization: Bearer <token>``), from any address. Default ``[]``."""
+    value = _get("JOBS_METRICS_TOKENS", [])
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ImproperlyConfigured(
+            f"JOBS_METRICS_TOKENS: expected a list of strings, not {value!r}"
+        )
+    for token in value:
+        if not isinstance(token, str) or len(token.strip()) < 16 or token != token.strip():
+            raise ImproperlyConfigured(
+                "JOBS_METRICS_TOKENS: each token must be a string of at least 16 characters "
+                "without surrounding spaces (make one with `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'`)"
+            )
+    return list(value)
 
 
 def read_database_alias() -> str:

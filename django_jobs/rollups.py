@@ -116,6 +116,81 @@ def roll_up(
     return result
 
 
+@dataclasses.dataclass
+class TaskStatistics:
+    """A task's history over the last days, from the hourly rollups (:func:`task_statistics`)."""
+
+    task: str
+    #: Jobs that ended (done, error, cancelled), and those that ended in error or cancelled.
+    jobs: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    #: Attempts that ended, and those that failed (error, timeout, lost, crashed).
+    attempts: int = 0
+    failed_attempts: int = 0
+    #: Run time of the successful attempts: p50 and p95 (from the buckets), mean.
+    p50_seconds: float | None = None
+    p95_seconds: float | None = None
+    mean_seconds: float | None = None
+    #: Per UTC day, oldest first (today last): (day, jobs ended, jobs failed).
+    daily: list[tuple[datetime, int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Jobs that ended in error among those that ended done or in error."""
+        ended = self.done + self.failed
+        return None if ended == 0 else self.failed / ended
+
+
+#: Attempt outcomes that count as failures.
+FAILED_OUTCOMES = ("error", "timeout", "lost", "crashed")
+
+
+def task_statistics(days: int = 7, using: str | None = None) -> list[TaskStatistics]:
+    """Each task's count, failure rate, p50/p95 duration and daily trend over the last ``days``
+    UTC days (today included), read from the hourly rollups: what has finished since the last
+    closed hour is not in them yet. From ``JOBS_READ_DATABASE`` unless ``using``."""
+    from django_jobs.store.operations_views import reading
+
+    with reading(using) as cursor:
+        rows = statements.task_days(cursor, days)
+        today = statements.span(cursor, ROLLUP_DELAY).closed_until
+    first = today.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    day_list = [first - timedelta(days=days - 1 - i) for i in range(days)]
+    found: dict[str, TaskStatistics] = {}
+    per_day: dict[str, dict[datetime, list[int]]] = {}
+    done_buckets: dict[str, list[int]] = {}
+    done_seconds: dict[str, tuple[float, int]] = {}
+    for row in rows:
+        stats = found.setdefault(row.task, TaskStatistics(row.task))
+        day = per_day.setdefault(row.task, {d: [0, 0] for d in day_list})
+        counts = day.setdefault(row.day.astimezone(UTC), [0, 0])
+        stats.jobs += row.jobs
+        stats.attempts += row.attempts
+        counts[0] += row.jobs
+        if row.outcome == "done":
+            stats.done += row.jobs
+            done_buckets[row.task] = add_buckets(done_buckets.get(row.task, []), row.buckets)
+            seconds, n = done_seconds.get(row.task, (0.0, 0))
+            done_seconds[row.task] = (seconds + row.seconds, n + row.attempts)
+        elif row.outcome == "error":
+            stats.failed += row.jobs
+            counts[1] += row.jobs
+        elif row.outcome == "cancelled":
+            stats.cancelled += row.jobs
+        if row.outcome in FAILED_OUTCOMES:
+            stats.failed_attempts += row.attempts
+    for task, stats in found.items():
+        buckets = done_buckets.get(task, [])
+        stats.p50_seconds = percentile(buckets, 0.5)
+        stats.p95_seconds = percentile(buckets, 0.95)
+        seconds, n = done_seconds.get(task, (0.0, 0))
+        stats.mean_seconds = seconds / n if n else None
+        stats.daily = [(d, c[0], c[1]) for d, c in sorted(per_day[task].items())]
+    return sorted(found.values(), key=lambda s: (-s.jobs, s.task))
+
+
 def percentile(
     buckets: Sequence[int], q: float, bounds: Sequence[float] = DURATION_BOUNDS
 ) -> float | None:

@@ -4,4 +4,5 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("jobs/api/", include("django_jobs.api.urls")),
+    path("metrics/", include("django_jobs.metrics.urls")),
 ]

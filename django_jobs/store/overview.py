@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_jobs import conf
+from django_jobs import conf, rollups
 from django_jobs.exceptions import JobsError
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
@@ -22,6 +22,8 @@ from django_jobs.store import diagnosis
 from django_jobs.store import operations_views as stats
 
 WINDOW_MINUTES = 60
+#: The days of the task statistics (from the hourly rollups).
+TASK_DAYS = 7
 REFRESH_SECONDS = 10
 STUCK_REASONS = {
     "past_timeout": "running past its timeout",
@@ -123,6 +125,7 @@ def _context(alias: str) -> dict[str, Any]:
         {**f, "error_text": mask_text(f["error"] or "")[:300]}
         for f in stats.recent_failures(limit=15, using=alias)
     ]
+    tasks = [_task_row(t) for t in rollups.task_statistics(TASK_DAYS, using=alias)]
     return {
         "summary": summary,
         "queues": queues,
@@ -135,6 +138,8 @@ def _context(alias: str) -> dict[str, Any]:
         "running": running,
         "stuck": stuck,
         "failures": failures,
+        "tasks": tasks,
+        "task_days": TASK_DAYS,
         "refresh_seconds": REFRESH_SECONDS,
         "read_problem": "",
     }
@@ -175,6 +180,64 @@ def chart(points: list[tuple[Any, list[int]]], now: datetime) -> SafeString:
         height,
         width,
         height,
+    )
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.2f}s"
+    return stats.format_age(value) or f"{value:.0f}s"
+
+
+def _task_row(t: rollups.TaskStatistics) -> dict[str, Any]:
+    rate = t.failure_rate
+    return {
+        "task": t.task,
+        "jobs": count(t.jobs),
+        "failed": t.failed,
+        "cancelled": t.cancelled,
+        "attempts": count(t.attempts),
+        "failed_attempts": t.failed_attempts,
+        "failure_rate": "-" if rate is None else f"{rate:.1%}",
+        "p50": _seconds(t.p50_seconds),
+        "p95": _seconds(t.p95_seconds),
+        "mean": _seconds(t.mean_seconds),
+        "trend": trend(t.daily),
+    }
+
+
+def trend(daily: list[tuple[datetime, int, int]]) -> SafeString:
+    """An inline SVG of jobs ended per day (failed in red on top of the rest), oldest first."""
+    width, height, gap = 84, 20, 2
+    peak = max((jobs for _, jobs, _ in daily), default=0) or 1
+    step = width / max(len(daily), 1)
+    rects = []
+    for i, (day, jobs, failed) in enumerate(daily):
+        x = i * step
+        all_h = height * jobs / peak
+        failed_h = height * failed / peak
+        label = f"{day:%a %d %b}: {jobs} ended, {failed} failed"
+        rects.append((x, height - all_h, step - gap, all_h - failed_h, "done", label))
+        rects.append((x, height - failed_h, step - gap, failed_h, "failed", label))
+    bars = format_html_join(
+        "",
+        '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
+        (
+            (f"{x:.1f}", f"{y:.1f}", f"{w:.1f}", f"{h:.1f}", css, label)
+            for x, y, w, h, css, label in rects
+        ),
+    )
+    return format_html(
+        '<svg class="dj-trend" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+        'aria-label="jobs ended per day, last {} days">{}</svg>',
+        width,
+        height,
+        width,
+        height,
+        len(daily),
+        bars,
     )
 
 

@@ -30,6 +30,18 @@ class Rolled(NamedTuple):
     totals: int
 
 
+class TaskDay(NamedTuple):
+    """A task's rollups summed over one UTC day and outcome."""
+
+    task: str
+    day: datetime
+    outcome: str
+    jobs: int
+    attempts: int
+    seconds: float
+    buckets: list[int]
+
+
 class _Deleted(NamedTuple):
     deleted: int
 
@@ -65,3 +77,8 @@ def prune(cursor: Cursor, age: timedelta, batch_size: int) -> int:
     gone = db.fetch_one_as(db.execute(cursor, query("prune_rollups"), params), _Deleted)
     assert gone is not None  # a count has one row
     return gone.deleted
+
+
+def task_days(cursor: Cursor, days: int) -> list[TaskDay]:
+    """Each task's days (the last ``days``, today included) by outcome."""
+    return db.fetch_all_as(db.execute(cursor, query("task_days"), {"days": days}), TaskDay)

@@ -137,8 +137,8 @@ def test_a_second_pass_writes_nothing_and_later_hours_add_to_the_totals() -> Non
 
     # A job finished in an hour that is already rolled up would be a bug of the clock; one in a
     # later hour is added when that hour closes. Here: move the watermark back by hand.
-    RollupState.objects.update(rolled_until=hour_of(now) - timedelta(hours=2))
-    finished(hour_of(now) - timedelta(hours=1, minutes=-30), seconds=30.0)
+    RollupState.objects.update(rolled_until=hour_of(now) - timedelta(hours=3))
+    finished(hour_of(now) - timedelta(hours=2, minutes=-30), seconds=30.0)
     rollups.roll_up()
     total = RollupTotal.objects.get()
     assert (total.jobs, total.attempts) == (2, 2)

@@ -383,3 +383,49 @@ def test_a_long_jobs_steps_and_cursors_fit_the_page_and_retry_from_the_start(
     assert not Step.objects.filter(job=job).exists()
     assert Job.objects.get(pk=job.pk).cursors is None
     context.close()
+
+
+def test_the_dashboards_task_statistics_come_from_the_rollups_and_fit_the_page(
+    browser, live_server, operator
+) -> None:
+    from django.utils import timezone
+
+    from django_jobs import rollups
+
+    now = timezone.now()
+    for day in range(6):
+        for i in range(10 + day):
+            at = now - timedelta(days=day, hours=2, minutes=i)
+            failed = i % 5 == 0
+            job = JobFactory(
+                finished=True, task="reports.build", state="error" if failed else "done",
+                started_at=at - timedelta(seconds=4 + i), finished_at=at,
+            )  # fmt: skip
+            AttemptFactory(
+                job=job, outcome="error" if failed else "done",
+                started_at=at - timedelta(seconds=4 + i), finished_at=at,
+            )  # fmt: skip
+    rollups.roll_up()
+    Job.objects.all().delete()  # as a prune would: the statistics stay
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_jobs/dashboard/")
+    row = page.locator("#dj-tasks tbody tr:has(td a:text-is('reports.build'))")
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1] == "75"  # 10 + 11 + ... + 15 jobs
+    assert cells[2] == "17"  # i = 0 and 5 on the first day, and 10 on the others
+    assert cells[3] == f"{17 / 75:.1%}"
+    assert cells[7].endswith("s") and cells[8].endswith("s")  # p50 and p95
+    assert row.locator("svg.dj-trend rect").count() == 2 * 7
+    overflow = page.evaluate(
+        """() => [...document.querySelectorAll('#dj-tasks, #dj-tasks th, #dj-tasks td')]
+              .filter(e => e.scrollWidth > e.clientWidth + 1 &&
+                           getComputedStyle(e).overflow !== 'visible')
+              .map(e => e.outerHTML.slice(0, 80))"""
+    )
+    assert overflow == []
+    table = page.locator("#dj-tasks").bounding_box()
+    assert table is not None and table["x"] + table["width"] <= 1280
+    page.locator("#dj-tasks").screenshot(path=str(SHOTS / "dashboard-task-statistics.png"))
+    context.close()

@@ -79,6 +79,7 @@ LAYERS: list[set[str]] = [
         "queues.admin",
         "tokens",
         "tokens.admin",
+        "metrics",
     },
 ]
 

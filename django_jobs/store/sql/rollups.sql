@@ -27,21 +27,22 @@ FROM (VALUES (1)) AS one (id)
 LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
 
 -- name: roll_up
--- Roll up [from, to): move the watermark (the first pass, from None, writes its row), then write the hours' rows and add them to the
--- totals. Attempts ended in the span (attempt_finished_minute_idx: the span is whole hours, so
+-- Roll up [from, to): move the watermark (the first pass, from None, writes its row), then
+-- write the hours' rows and add them to the totals. Attempts ended in the span (attempt_finished_minute_idx: the span is whole hours, so
 -- whole minutes), joined to their job by primary key; jobs finished in the span
 -- (job_finished_idx). Durations fall in the buckets of %(bounds)s (width_bucket: bucket i holds
 -- bounds[i] <= d < bounds[i+1], bucket 0 those under the first bound).
 WITH started AS (
-    INSERT INTO django_jobs_rollup_state AS s (id, rolled_until, rolled_at)
+    -- The first pass writes the row. One that finds it there writes nothing, and, as DO
+    -- NOTHING, locks nothing that the pass that wrote it would then have to skip.
+    INSERT INTO django_jobs_rollup_state (id, rolled_until, rolled_at)
     SELECT 1, %(to)s, now() WHERE %(from)s::timestamptz IS NULL
-    ON CONFLICT (id) DO UPDATE SET rolled_until = EXCLUDED.rolled_until, rolled_at = now()
-    WHERE s.rolled_until IS NOT DISTINCT FROM %(from)s::timestamptz
-    RETURNING s.rolled_until
+    ON CONFLICT (id) DO NOTHING
+    RETURNING rolled_until
 ), moved AS (
     UPDATE django_jobs_rollup_state SET rolled_until = %(to)s, rolled_at = now()
     WHERE id = (SELECT id FROM django_jobs_rollup_state
-                WHERE id = 1 AND %(from)s::timestamptz IS NOT NULL AND rolled_until = %(from)s
+                WHERE id = 1 AND rolled_until IS NOT DISTINCT FROM %(from)s::timestamptz
                 FOR UPDATE SKIP LOCKED)
     RETURNING rolled_until
 ), advanced AS (
@@ -79,23 +80,31 @@ WITH started AS (
     SELECT hour, queue, task, outcome, count(*) AS jobs, count(waited) AS waited_jobs,
            coalesce(sum(waited), 0) AS wait_total, max(waited) AS wait_max
     FROM jobs GROUP BY 1, 2, 3, 4
+), bucket_arrays AS (
+    -- One array per key, every bucket present (0 where none fell): a hash join on the key.
+    SELECT k.hour, k.queue, k.task, k.outcome,
+           array_agg(coalesce(bb.n, 0) ORDER BY i.i) AS duration_buckets
+    FROM attempt_rows k
+    CROSS JOIN generate_series(0, cardinality(%(bounds)s::float8[])) AS i (i)
+    LEFT JOIN by_bucket bb
+      ON bb.hour = k.hour AND bb.queue = k.queue AND bb.task = k.task
+     AND bb.outcome = k.outcome AND bb.bucket = i.i
+    GROUP BY k.hour, k.queue, k.task, k.outcome
 ), hourly AS (
     SELECT k.hour, k.queue, k.task, k.outcome,
            coalesce(jr.jobs, 0) AS jobs, coalesce(ar.attempts, 0) AS attempts,
            coalesce(ar.seconds_total, 0) AS duration_seconds_total,
            ar.seconds_max AS duration_seconds_max,
-           ARRAY(SELECT coalesce(bb.n, 0)
-                 FROM generate_series(0, cardinality(%(bounds)s::float8[])) AS i
-                 LEFT JOIN by_bucket bb
-                   ON bb.hour = k.hour AND bb.queue = k.queue AND bb.task = k.task
-                  AND bb.outcome = k.outcome AND bb.bucket = i
-                 ORDER BY i) AS duration_buckets,
+           coalesce(ba.duration_buckets,
+                    array_fill(0::bigint, ARRAY[cardinality(%(bounds)s::float8[]) + 1]))
+               AS duration_buckets,
            coalesce(jr.waited_jobs, 0) AS waited_jobs, coalesce(jr.wait_total, 0) AS wait_total,
            jr.wait_max
     FROM (SELECT hour, queue, task, outcome FROM attempt_rows
           UNION SELECT hour, queue, task, outcome FROM job_rows) k
     LEFT JOIN attempt_rows ar USING (hour, queue, task, outcome)
     LEFT JOIN job_rows jr USING (hour, queue, task, outcome)
+    LEFT JOIN bucket_arrays ba USING (hour, queue, task, outcome)
 ), written AS (
     INSERT INTO django_jobs_rollup
         (hour, queue, task, outcome, jobs, attempts, duration_seconds_total,
@@ -105,17 +114,24 @@ WITH started AS (
            duration_seconds_max, duration_buckets, waited_jobs, wait_total, wait_max
     FROM hourly
     RETURNING 1
+), span_buckets AS (
+    SELECT queue, task, outcome, array_agg(n ORDER BY i) AS duration_buckets
+    FROM (
+        SELECT h.queue, h.task, h.outcome, b.i, sum(b.n)::bigint AS n
+        FROM hourly h, unnest(h.duration_buckets) WITH ORDINALITY AS b (n, i)
+        GROUP BY h.queue, h.task, h.outcome, b.i
+    ) per_bucket
+    GROUP BY queue, task, outcome
 ), span_totals AS (
     SELECT h.queue, h.task, h.outcome, sum(h.jobs) AS jobs, sum(h.attempts) AS attempts,
            sum(h.duration_seconds_total) AS duration_seconds_total,
            max(h.duration_seconds_max) AS duration_seconds_max,
-           ARRAY(SELECT sum(b.n)::bigint
-                 FROM hourly h2, unnest(h2.duration_buckets) WITH ORDINALITY AS b (n, i)
-                 WHERE h2.queue = h.queue AND h2.task = h.task AND h2.outcome = h.outcome
-                 GROUP BY b.i ORDER BY b.i) AS duration_buckets,
+           sb.duration_buckets,
            sum(h.waited_jobs) AS waited_jobs, sum(h.wait_total) AS wait_total,
            max(h.wait_max) AS wait_max
-    FROM hourly h GROUP BY h.queue, h.task, h.outcome
+    FROM hourly h
+    JOIN span_buckets sb USING (queue, task, outcome)
+    GROUP BY h.queue, h.task, h.outcome, sb.duration_buckets
 ), totals AS (
     INSERT INTO django_jobs_rollup_total AS t
         (queue, task, outcome, jobs, attempts, duration_seconds_total, duration_seconds_max,
@@ -155,3 +171,32 @@ SELECT count(*) AS deleted FROM gone
 -- name: rolled_until
 -- The watermark: jobs finished before it are in the rollups (prunejobs deletes no later one).
 SELECT rolled_until FROM django_jobs_rollup_state WHERE id = 1
+
+-- name: task_days
+-- Per task, UTC day and outcome over the last %(days)s days: the hourly rows summed, with their
+-- duration buckets summed position by position (the unique index rollup_once_per_hour, whose
+-- leading column is the hour: a range of hours, whatever the size of the job table).
+WITH hours AS (
+    SELECT task, outcome, timezone('UTC', date_trunc('day', timezone('UTC', hour))) AS day,
+           jobs, attempts, duration_seconds_total, duration_buckets
+    FROM django_jobs_rollup
+    WHERE hour >= timezone('UTC', date_trunc('day', timezone('UTC', now())))
+                  - make_interval(days => %(days)s - 1)
+), sums AS (
+    SELECT task, day, outcome, sum(jobs)::bigint AS jobs, sum(attempts)::bigint AS attempts,
+           sum(duration_seconds_total)::float8 AS seconds
+    FROM hours GROUP BY task, day, outcome
+), buckets AS (
+    SELECT task, day, outcome, array_agg(n ORDER BY i) AS buckets
+    FROM (
+        SELECT h.task, h.day, h.outcome, b.i, sum(b.n)::bigint AS n
+        FROM hours h, unnest(h.duration_buckets) WITH ORDINALITY AS b (n, i)
+        GROUP BY h.task, h.day, h.outcome, b.i
+    ) per_bucket
+    GROUP BY task, day, outcome
+)
+SELECT s.task, s.day, s.outcome, s.jobs, s.attempts, s.seconds,
+       coalesce(b.buckets, '{}'::bigint[]) AS buckets
+FROM sums s
+LEFT JOIN buckets b USING (task, day, outcome)
+ORDER BY s.task, s.day, s.outcome
