@@ -28,7 +28,9 @@ logger = logging.getLogger("django_jobs.rollups")
 WORKER_SPAN = timedelta(hours=1)
 #: Seconds between passes while catching up.
 CATCH_UP_WAIT = 0.2
-#: The longest wait before trying again after a failure.
+#: Seconds before trying again after an outage, at the least.
+OUTAGE_RETRY = 1.0
+#: The longest wait before trying again after a failure that is not an outage.
 FAILURE_RETRY_CAP = 300.0
 
 
@@ -74,7 +76,12 @@ class RollupPass:
         if self.due_at == float("inf"):  # the worker began to stop meanwhile
             return
         if rolled is FAILED:
-            self.due_at = now + self.backoff.failed()
+            # An outage waits for the queue's own backoff (its end is the database back); any
+            # other error backs off the rollups alone.
+            if self.gate.queue.broken:
+                self.due_at = max(now + OUTAGE_RETRY, self.gate.retry_at)
+            else:
+                self.due_at = now + self.backoff.failed()
             return
         self.backoff.succeeded()
         if rolled is not None and rolled.advanced:
