@@ -176,10 +176,16 @@ def _finished_families(rows: list[reads.FinishedRow]) -> list[Metric]:
         "crashed, cancelled, released).",
         labels=["queue", "task", "outcome"],
     )
+    seconds = CounterMetricFamily(
+        f"{PREFIX}_attempt_seconds",
+        "Run time of the attempts that ended, summed, per queue, task and outcome.",
+        labels=["queue", "task", "outcome"],
+    )
     durations = HistogramMetricFamily(
         f"{PREFIX}_attempt_duration_seconds",
-        "Run time of the attempts that ended, per queue, task and outcome.",
-        labels=["queue", "task", "outcome"],
+        "Run time of the successful attempts, per queue and task (histogram_quantile(0.95, "
+        "...) for a p95).",
+        labels=["queue", "task"],
     )
     waits = SummaryMetricFamily(
         f"{PREFIX}_job_wait_seconds",
@@ -192,10 +198,12 @@ def _finished_families(rows: list[reads.FinishedRow]) -> list[Metric]:
             jobs.add_metric(labels, c.jobs)
         if c.attempts:
             attempts.add_metric(labels, c.attempts)
-            durations.add_metric(labels, list(_cumulative(c.buckets)), c.seconds)
+            seconds.add_metric(labels, c.seconds)
+            if outcome == "done":
+                durations.add_metric([queue, task], list(_cumulative(c.buckets)), c.seconds)
         if c.waited_jobs:
             waits.add_metric(labels, c.waited_jobs, c.wait_seconds)
-    return [jobs, attempts, durations, waits]
+    return [jobs, attempts, seconds, durations, waits]
 
 
 def _cumulative(buckets: list[int]) -> Iterator[tuple[str, float]]:

@@ -42,7 +42,12 @@ class Migration(migrations.Migration):
                 "db_table": "django_jobs_rollup",
                 "ordering": ["-hour", "queue", "task", "outcome"],
                 "indexes": [
-                    models.Index(models.F("task"), models.F("hour"), name="rollup_task_hour_idx")
+                    models.Index(
+                        models.F("task"),
+                        models.F("outcome"),
+                        models.F("hour"),
+                        name="rollup_task_outcome_hour_idx",
+                    )
                 ],
                 "constraints": [
                     models.UniqueConstraint(

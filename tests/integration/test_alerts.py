@@ -19,7 +19,7 @@ from django.db import connection
 from django.test import override_settings
 
 from django_jobs import alerts, job
-from django_jobs.models import AlertThreshold, Job, Schedule, ScheduleTick
+from django_jobs.models import AlertThreshold, Job, Rollup, Schedule, ScheduleTick
 from support.history import fill_history
 from tests.conftest import ROOT
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
@@ -243,6 +243,35 @@ def test_without_an_expected_duration_a_job_far_past_its_tasks_p95_fires(now: da
     quick = running("tests.alerts.quick", 301, now)
     by_job = {row["job_id"]: row for row in firing("job_overdue")}
     assert (by_job[quick.pk]["severity"], by_job[quick.pk]["threshold"]) == ("warning", 300)
+
+
+def test_the_p95_comes_from_the_rollups_once_they_hold_enough_runs(now: datetime) -> None:
+    from django_jobs import rollups
+
+    for i in range(30):  # two days ago: rolled up, then pruned
+        end = now - timedelta(days=2, minutes=i)
+        job_ = JobFactory(
+            task="tests.alerts.rolled", finished=True,
+            started_at=end - timedelta(seconds=200), finished_at=end,
+        )  # fmt: skip
+        AttemptFactory(
+            job=job_, outcome="done", started_at=end - timedelta(seconds=200), finished_at=end
+        )
+    rollups.roll_up()
+    Job.objects.filter(task="tests.alerts.rolled").delete()
+    # 200 s falls in the bucket [120 s, 300 s): its p95 is 120 + 180 x 0.95 = 291 s.
+    fine = running("tests.alerts.rolled", 800, now)
+    late = running("tests.alerts.rolled", 900, now)
+    (row,) = firing("job_overdue")
+    assert row["subject"] == str(late.pk) and fine.pk != late.pk
+    assert row["threshold"] == pytest.approx(3 * 291)
+    assert (
+        "the p95 of 291 s over the 30 successful runs of its task in the last 7 days"
+        in (row["detail"])
+    )
+    # Without the rollups' rows, the task's newest jobs decide, and there are none left.
+    Rollup.objects.all().delete()
+    assert firing("job_overdue") == []
 
 
 def test_a_task_without_enough_history_is_not_judged_by_its_p95(now: datetime) -> None:

@@ -157,7 +157,13 @@ def test_every_number_matches_the_known_rows(known_rows: datetime) -> None:
     assert value(s, "django_jobs_attempts_total", **noop, outcome="error") == 2
     echo = {"queue": "default", "task": "tests.echo", "outcome": "done"}
     assert value(s, "django_jobs_jobs_finished_total", **echo) == 1
-    done = {**noop, "outcome": "done"}
+    done = noop
+    assert value(s, "django_jobs_attempt_seconds_total", **noop, outcome="done") == (
+        pytest.approx(43.6)
+    )
+    assert value(s, "django_jobs_attempt_seconds_total", **noop, outcome="error") == (
+        pytest.approx(4.0)
+    )
     assert value(s, "django_jobs_attempt_duration_seconds_count", **done) == 5
     assert value(s, "django_jobs_attempt_duration_seconds_sum", **done) == pytest.approx(43.6)
     assert value(s, "django_jobs_attempt_duration_seconds_bucket", **done, le="0.1") == 2
@@ -166,8 +172,10 @@ def test_every_number_matches_the_known_rows(known_rows: datetime) -> None:
     assert value(s, "django_jobs_attempt_duration_seconds_bucket", **done, le="30.0") == 4
     assert value(s, "django_jobs_attempt_duration_seconds_bucket", **done, le="60.0") == 5
     assert value(s, "django_jobs_attempt_duration_seconds_bucket", **done, le="+Inf") == 5
-    assert value(s, "django_jobs_job_wait_seconds_count", **done) == 5
-    assert value(s, "django_jobs_job_wait_seconds_sum", **done) == pytest.approx(6.0)
+    assert value(s, "django_jobs_job_wait_seconds_count", **noop, outcome="done") == 5
+    assert value(s, "django_jobs_job_wait_seconds_sum", **noop, outcome="done") == (
+        pytest.approx(6.0)
+    )
 
     nightly = {"schedule": "nightly", "task": "tests.echo"}
     assert value(s, "django_jobs_schedule_last_success_timestamp_seconds", **nightly) == (
@@ -201,6 +209,7 @@ def test_the_counters_stay_after_a_prune(known_rows: datetime) -> None:
         "django_jobs_attempts_total",
         "django_jobs_attempt_duration_seconds_bucket",
         "django_jobs_attempt_duration_seconds_sum",
+        "django_jobs_attempt_seconds_total",
         "django_jobs_job_wait_seconds_sum",
     )
     before = scrape()
