@@ -134,6 +134,8 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_READ_DATABASE", str),
     ("JOBS_READ_CONNECT_TIMEOUT", int),
     ("JOBS_API_BODY_TIMEOUT", float),
+    ("JOBS_ALERTS", json.loads),
+    ("JOBS_ROLLUP_INTERVAL", float),
 ]
 for _name, _cast in _FROM_ENVIRONMENT:
     if _name in env.ENVIRON:

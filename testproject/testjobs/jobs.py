@@ -33,6 +33,14 @@ def fail(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+@job(name="tests.fail_while", max_attempts=1)
+def fail_while(path: str) -> str:
+    """Fails while the file at ``path`` exists: a job that is broken until someone fixes it."""
+    if os.path.exists(path):
+        raise RuntimeError(f"{path} says this is broken")
+    return "fixed"
+
+
 @job(name="tests.fail_hard", max_attempts=5)
 def fail_hard(message: str = "permanent") -> None:
     raise Fail(message)

@@ -301,3 +301,17 @@ def test_bad_metrics_settings_are_system_check_errors(settings, setting, value, 
     setattr(settings, setting, value)
     (error,) = check_metrics()
     assert error.id == "django_jobs.E009" and message in error.msg and setting in error.msg
+
+
+def test_the_shipped_alert_rules_name_metrics_and_labels_the_page_serves(
+    known_rows: datetime,
+) -> None:
+    from tests.unit.test_alert_rules import prometheus_rules, selectors
+
+    served: dict[str, set[str]] = {}
+    for (name, labels), _ in scrape().items():
+        served.setdefault(name, set()).update(label for label, _ in labels)
+    for rule in prometheus_rules():
+        for name, matchers in selectors(rule["expr"]):
+            assert name in served, (rule["alert"], name)
+            assert set(matchers) <= served[name], (rule["alert"], matchers)
