@@ -118,7 +118,7 @@ def test_an_overdue_job_fires_while_it_runs_and_clears_when_it_ends(worker) -> N
     assert state(job) == "done"
     stop(w)
     print(f"\njob_overdue (expected 1 s, runs 4 s): fired {fire:.1f}s after the enqueue, "
-          f"cleared {clear:.1f}s later ({ran:.1f}s after the enqueue), as the job ended")  # fmt: skip
+          f"cleared {clear:.1f}s later ({ran:.1f}s in), as the job ended")  # fmt: skip
 
 
 def test_a_starved_queue_fires_while_its_worker_is_stopped(worker) -> None:
