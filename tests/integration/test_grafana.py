@@ -51,6 +51,16 @@ def busy_system(busy_queues) -> dict:
         last_outcome="enqueued",
     )
     Schedule.objects.create(name="paused", task="tests.echo", cron="@hourly", paused=True)
+    # The rollups of the last hours, for the history panels.
+    from django_jobs.models import Rollup
+
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    for back, outcome, jobs in ((3, "done", 40), (3, "error", 2), (2, "done", 35)):
+        Rollup.objects.create(
+            hour=hour - timedelta(hours=back), queue="default", task="tests.echo",
+            outcome=outcome, jobs=jobs, attempts=jobs, duration_seconds_total=jobs * 1.5,
+            duration_buckets=[0] * 20,
+        )  # fmt: skip
     return busy_queues
 
 

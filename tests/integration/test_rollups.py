@@ -280,7 +280,7 @@ def test_the_documented_query_reads_the_rollups() -> None:
     (sql,) = [
         block
         for block in re.findall(r"^```sql\n(.*?)^```", text, re.M | re.S)
-        if "FROM django_jobs_rollup\n" in block
+        if "FROM django_jobs_rollups\n" in block
     ]
     now = timezone.now()
     finished(now - timedelta(days=2), seconds=2.0)

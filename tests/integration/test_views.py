@@ -24,6 +24,7 @@ VIEWS = [
     "django_jobs_queue_demand",
     "django_jobs_steps",
     "django_jobs_alerts",
+    "django_jobs_rollups",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.
@@ -31,6 +32,7 @@ SHORT_TYPES = {
     "character varying": "varchar",
     "double precision": "float8",
     "timestamp with time zone": "timestamptz",
+    "bigint[]": "bigint[]",
 }
 
 

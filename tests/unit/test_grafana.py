@@ -14,6 +14,9 @@ EXPECTED_COLUMNS = {
     "Oldest ready job": ["queue", "oldest_ready_seconds"],
     "Workers alive": ["alive", "dead", "busy_slots", "slots"],
     "Throughput: attempts done per minute": ["time", "metric", "done_per_minute"],
+    "History: jobs ended per hour by task": ["time", "metric", "jobs"],
+    "History: failure rate by task": ["time", "metric", "failure_rate"],
+    "History: mean run time by task": ["time", "metric", "mean_seconds"],
     "Failure rate": ["time", "metric", "failure_rate"],
     "Failures per minute by task": ["time", "metric", "failed_per_minute"],
     "Duration percentiles (successful attempts, last hour)": [
