@@ -26,6 +26,7 @@ from django.db import connections
 from django_jobs import conf
 from django_jobs.cursor import Cursor
 from django_jobs.store import rollups as statements
+from django_jobs.store.operations_views import reading
 
 #: The upper bounds, in seconds, of the duration buckets, from 100 ms to about 14 hours. Never
 #: change them on a database that has rollups: the counts are stored by position.
@@ -151,8 +152,6 @@ def task_statistics(days: int = 7, using: str | None = None) -> list[TaskStatist
     """Each task's count, failure rate, p50/p95 duration and daily trend over the last ``days``
     UTC days (today included), read from the hourly rollups: what has finished since the last
     closed hour is not in them yet. From ``JOBS_READ_DATABASE`` unless ``using``."""
-    from django_jobs.store.operations_views import reading
-
     with reading(using) as cursor:
         rows = statements.task_days(cursor, days)
         today = statements.span(cursor, ROLLUP_DELAY).closed_until
