@@ -409,3 +409,29 @@ def test_a_worker_with_no_long_poll_claims_without_waiting(clock: Clock) -> None
     start(worker)
     step_until(worker, lambda: queue.waits)
     assert queue.waits == [0.0]
+
+
+def test_a_worker_looks_for_an_hour_to_roll_up_each_interval_and_a_failing_look_holds_back_nothing(
+    clock: Clock, logs: Records, settings
+) -> None:
+    settings.JOBS_ROLLUP_INTERVAL = 60
+    queue = FakeQueue(clock)
+    lock_wait = psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+    queue.failures["rollups", None] = [lock_wait, lock_wait]
+    jobs = queue.add(TASK, 2)
+    worker = supervisor(queue, FakeExecutors(clock))
+    start(worker)
+    began = clock.now
+    while clock.now < began + 400:
+        worker._step()
+        clock.advance_to(min(worker._next_timeout() + clock.now, clock.now + 5))
+    looks = [at - began for at, op, _ in queue.calls if op == "rollups"]
+    # The first look within 5 s of the start; two failures on their own backoff (seconds);
+    # then one look a minute or so.
+    assert looks[0] <= 5.0
+    assert looks[2] - looks[0] < 10
+    assert 4 <= len(looks) <= 3 + 400 / 48
+    gaps = [b - a for a, b in itertools.pairwise(looks[2:])]
+    assert all(48 <= gap <= 72 + 5 for gap in gaps), gaps
+    assert [job.state for job in jobs] == ["done", "done"]
+    assert worker.gate.outage.failures == 0
