@@ -98,7 +98,7 @@ def check_alerts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 def check_rollups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``JOBS_ROLLUP_RETENTION`` must be a duration and ``JOBS_ROLLUP_INTERVAL`` seconds, 0 or
     more."""
-    found = []
+    found: list[checks.CheckMessage] = []
     for read in (conf.rollup_retention, conf.rollup_interval):
         try:
             read()
