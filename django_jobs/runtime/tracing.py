@@ -140,11 +140,13 @@ def ended(span: Any, outcome: str, error: str = "") -> None:
 
 
 def stopped(span: Any, outcome: str) -> None:
-    """End the run of ``span`` now, as stopped from outside (the executor is about to die of the
-    supervisor's SIGTERM: a timeout, a cancellation, a lost lease), and flush it out."""
+    """End the run of ``span`` now, as stopped from outside, and flush it out: the executor is
+    about to die of the supervisor's SIGTERM (a timeout, a cancellation, a lost lease, the end of
+    a shutdown's grace), and does not know which; the job's attempt records which."""
     if span is None or trace is None:
         return
-    ended(span, outcome, f"the run was stopped ({outcome})")
+    span.set_attribute("django_jobs.job.outcome", outcome)
+    span.set_status(trace.StatusCode.ERROR, "stopped by its worker")
     span.end()
     flush = getattr(trace.get_tracer_provider(), "force_flush", None)
     if flush is not None:
