@@ -140,14 +140,17 @@ def ended(span: Any, outcome: str, error: str = "") -> None:
 
 
 def stopped(span: Any, outcome: str) -> None:
-    """End the run of ``span`` now, as stopped from outside, and flush it out: the executor is
-    about to die of the supervisor's SIGTERM (a timeout, a cancellation, a lost lease, the end of
-    a shutdown's grace), and does not know which; the job's attempt records which."""
-    if span is None or trace is None:
+    """End the run of ``span`` (if any) now, as stopped from outside, and flush the spans out:
+    the executor is about to die of the supervisor's SIGTERM (a timeout, a cancellation, a lost
+    lease, the end of a shutdown's grace), and does not know which; the job's attempt records
+    which."""
+    if trace is None:
         return
-    span.set_attribute("django_jobs.job.outcome", outcome)
-    span.set_status(trace.StatusCode.ERROR, "stopped by its worker")
-    span.end()
+    if span is not None:
+        span.set_attribute("django_jobs.job.outcome", outcome)
+        span.set_status(trace.StatusCode.ERROR, "stopped by its worker")
+        span.end()
+    # A batching processor's spans of earlier runs, too.
     flush = getattr(trace.get_tracer_provider(), "force_flush", None)
     if flush is not None:
         with contextlib.suppress(Exception):
