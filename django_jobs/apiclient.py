@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django_jobs.exceptions import ApiRefused, ApiUnreachable, InvalidOption
+from django_jobs.runtime import tracing
 
 #: Seconds a request may take beyond the wait it asks of the server (a long poll).
 REQUEST_TIMEOUT = 15.0
@@ -99,6 +100,8 @@ class Api:
             "Content-Type": "application/json",
             "Accept": "application/json",
             "Authorization": f"Bearer {self.token}",
+            # A run's span, current while its job spawns a child: the child links to it.
+            **tracing.headers(),
         }
         try:
             status, raw = self._send(self.base_path + path, data, headers, wait)

@@ -23,6 +23,7 @@ from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models.job import Job
 from django_jobs.registry import registry
+from django_jobs.runtime import tracing
 from django_jobs.states import UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
 from django_jobs.store import db, diagnosis, job_inserts
@@ -235,6 +236,9 @@ def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
 
 def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
     run_at, delay = _run_after_params(task.run_after)
+    # The span this enqueue happens in (a request's, a running job's), which the job's runs
+    # link to; None outside one, or without OpenTelemetry.
+    trace_context = tracing.current_context()
     return {
         "task": task.name,
         "queue": task.queue,
@@ -249,6 +253,7 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
         "concurrency_key": concurrency[0] if (concurrency := task.concurrency) else None,
         "concurrency_limit": concurrency[1] if concurrency else None,
         "reason": reason,
+        "trace_context": None if trace_context is None else _JSON.encode(trace_context),
     }
 
 
@@ -295,6 +300,7 @@ def _build(
         "progress_message": "",
         "concurrency_key": params["concurrency_key"],
         "concurrency_limit": params["concurrency_limit"],
+        "trace_context": None if (text := params["trace_context"]) is None else json.loads(text),
     }
     # from_db: a loaded instance (not adding, on ``alias``), made by Model.__init__'s positional
     # path, a third of the cost of keyword arguments; post_init is sent as for any query.
@@ -400,6 +406,7 @@ def enqueue_many(
                 ("error", "text", params["reason"] or None),
                 ("concurrency_key", "text", params["concurrency_key"]),
                 ("concurrency_limit", "int4", params["concurrency_limit"]),
+                ("trace_context", "text", params["trace_context"]),  # JSON text for jsonb
             )
             if value is not None
         ]

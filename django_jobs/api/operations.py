@@ -31,6 +31,7 @@ from django_jobs.exceptions import (
 from django_jobs.log_tail import stored_log
 from django_jobs.progress import Progress
 from django_jobs.registry import registry
+from django_jobs.runtime import tracing
 from django_jobs.sanitize import mask_text
 from django_jobs.storable import storable_text
 from django_jobs.store import Beat, ClaimedJob, Ended, Lease, WorkerInfo, claiming, job_reads
@@ -290,18 +291,23 @@ def _check_dependencies(task: Task, grant: Grant) -> None:
         raise ApiError(400, str(error), option_field(str(error)))
 
 
-def enqueue(call: Call, grant: Grant) -> Any:
+def enqueue(call: Call, grant: Grant, trace_context: dict[str, str] | None = None) -> Any:
+    """The job of an enqueue, in the request's trace context (its W3C headers), if it has one."""
     task = _task(call, grant)
     try:
-        return task.enqueue(*call.args, **call.kwargs)
+        with tracing.within(trace_context):
+            return task.enqueue(*call.args, **call.kwargs)
     except (InvalidPayload, InvalidOption, DependencyError) as error:
         raise ApiError(400, str(error), option_field(str(error))) from None
 
 
-def spawn(lease: Lease, call: Call, grant: Grant) -> Any:
+def spawn(
+    lease: Lease, call: Call, grant: Grant, trace_context: dict[str, str] | None = None
+) -> Any:
     """A child of the job of ``lease``, enqueued only while all of the lease holds (job,
     attempt, token and worker) and the job is not being cancelled; else the one generic 409
-    of a lost lease, which says nothing of the job."""
+    of a lost lease, which says nothing of the job. In the request's trace context (the run
+    that spawns it, whose worker sends its W3C headers), if it has one."""
     task = _task(call, grant)
     run = JobContext(
         job_id=lease.job_id,
@@ -312,7 +318,8 @@ def spawn(lease: Lease, call: Call, grant: Grant) -> Any:
         lease=lease.token,
     )
     try:
-        return run.spawn(task, *call.args, **call.kwargs)
+        with tracing.within(trace_context):
+            return run.spawn(task, *call.args, **call.kwargs)
     except SpawnRefused:
         raise lease_lost() from None
     except (InvalidPayload, InvalidOption, DependencyError) as error:

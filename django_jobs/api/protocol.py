@@ -361,8 +361,9 @@ _LEASE = re.compile(
 
 
 def claimed(job: ClaimedJob) -> dict[str, Any]:
-    """A claim's answer: the job, its lease, and what it resumes from (its recorded steps'
-    results and its cursors' values, by name; empty objects for a job that has none)."""
+    """A claim's answer: the job, its lease, what it resumes from (its recorded steps' results
+    and its cursors' values, by name; empty objects for a job that has none), and the W3C trace
+    context it was enqueued in (null: none), which the run's span links to."""
     checkpoint = job.checkpoint.decoded() if job.checkpoint is not None else _NO_CHECKPOINT
     return {
         "job": {
@@ -378,6 +379,7 @@ def claimed(job: ClaimedJob) -> dict[str, Any]:
             "lease": lease_text(job.lease),
             "steps": checkpoint["steps"] or {},
             "cursors": checkpoint["cursors"] or {},
+            "trace_context": job.trace_context,
         }
     }
 

@@ -27,6 +27,7 @@ from django_jobs.api.protocol import ApiError
 from django_jobs.api.waiting import dispatcher
 from django_jobs.models.api_token import ALL_QUEUES
 from django_jobs.registry import registry
+from django_jobs.runtime import tracing
 from django_jobs.tokens.auth import Grant
 
 logger = logging.getLogger("django_jobs.api")
@@ -413,7 +414,8 @@ async def spawn(request: HttpRequest, grant: Grant, body: dict[str, Any], job_id
         raise ApiError(403, "this token may not spawn children (createjobtoken --can-enqueue)")
     lease = _lease(grant, body, job_id)
     call = protocol.call(body)
-    child = await thread_pool.run(operations.spawn, lease, call, grant)
+    trace_context = tracing.request_context(request.headers)
+    child = await thread_pool.run(operations.spawn, lease, call, grant, trace_context)
     return 201, protocol.enqueued(child)
 
 
@@ -425,5 +427,6 @@ async def enqueue(request: HttpRequest, grant: Grant, body: dict[str, Any]) -> A
     if not grant.can_enqueue:
         raise ApiError(403, "this token may not enqueue (createjobtoken --can-enqueue)")
     call = protocol.call(body)
-    job = await thread_pool.run(operations.enqueue, call, grant)
+    trace_context = tracing.request_context(request.headers)
+    job = await thread_pool.run(operations.enqueue, call, grant, trace_context)
     return 201, protocol.enqueued(job)

@@ -97,6 +97,14 @@ class Job(models.Model):
     #: 2, "saved_at": "..."}}``, kept across attempts. Written in place with the run's progress
     #: (no index covers it, so the update stays HOT); NULL for a job that saved none.
     cursors = models.JSONField(null=True, blank=True, editable=False)
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The W3C trace context (traceparent, tracestate) of the span that enqueued the "
+        "job, with OpenTelemetry installed; each run's span links to it. Empty: no span was "
+        "active.",
+    )
 
     class Meta:
         db_table = "django_jobs_job"

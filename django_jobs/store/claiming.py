@@ -92,6 +92,9 @@ class ClaimedJob:
     #: The job's recorded steps and cursors, where the claim read them (the HTTP API's); None:
     #: not read (a worker's run reads them if it asks for a step or a cursor).
     checkpoint: Checkpoint | None = None
+    #: The W3C trace context the job was enqueued in (``traceparent``, ``tracestate``), which
+    #: its run's span links to; None: it was enqueued outside a traced span.
+    trace_context: dict[str, str] | None = None
 
     @property
     def id(self) -> int:
@@ -118,6 +121,8 @@ class ClaimRow(NamedTuple):
     timeout: int | None
     parent_id: int | None
     lease: Any
+    #: JSON text, or None.
+    trace_context: str | None
     attempt_id: int
 
 
@@ -143,6 +148,7 @@ def claimed_job(
         claimed.timeout,
         claimed.parent_id,
         Checkpoint.of_texts(row[width], row[width + 1]) if with_checkpoint else None,
+        None if claimed.trace_context is None else json.loads(claimed.trace_context),
     )
 
 

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from django_jobs.exceptions import Cancelled, Fail, InvalidStepResult, Retry, UnknownTask
+from django_jobs.runtime import tracing
 from django_jobs.worker.capture import Sink, captured
 from django_jobs.worker.fence import Watchdog, die_with_parent
 
@@ -48,6 +49,9 @@ class Assignment:
     #: The job's recorded steps and cursors, where the claim brought them (the HTTP API); None:
     #: the run reads them from the job database if it asks for a step or a cursor.
     checkpoint: Checkpoint | None = None
+    queue: str = ""
+    #: The W3C trace context the job was enqueued in, which the run's span links to (None: none).
+    trace_context: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +198,23 @@ def run_assignment(
     from django_jobs.storable import storable_text
 
     prefix = f"[job {assignment.job_id}] "
-    with captured(output, conf.capture_log_level(), conf.attempt_log_bytes(), prefix):
-        report = _run(assignment, report_progress, report_cursor)
+    span = tracing.run_span(
+        assignment.job_id,
+        assignment.task,
+        assignment.queue,
+        assignment.attempt,
+        assignment.trace_context,
+    )
+    with (
+        captured(output, conf.capture_log_level(), conf.attempt_log_bytes(), prefix),
+        span as run,
+    ):
+        _RUNNING[0] = run
+        try:
+            report = _run(assignment, report_progress, report_cursor, run)
+        finally:
+            _RUNNING[0] = None
+        tracing.ended(run, report.outcome, report.error)
         sys.stdout.flush()
         sys.stderr.flush()
     return dataclasses.replace(
@@ -206,16 +225,21 @@ def run_assignment(
     )
 
 
+#: The span of the run in progress (None: none, or no tracing), which a SIGTERM of the
+#: supervisor ends before the executor dies of it.
+_RUNNING: list[Any] = [None]
+
+
 def _run(
     assignment: Assignment,
     report_progress: Callable[[Progress], None] | None,
     report_cursor: Callable[[str, str], None] | None = None,
+    span: Any = None,
 ) -> Report:
     from django.db import close_old_connections
 
     from django_jobs.context import JobContext
     from django_jobs.registry import registry
-    from django_jobs.sanitize import format_exception
 
     job_id = assignment.job_id
     try:
@@ -251,30 +275,10 @@ def _run(
             if task.takes_context:
                 args = [context, *args]
             value = _call(task, args, kwargs)
-    except Retry as exc:
-        return Report(
-            job_id,
-            "error",
-            error=f"Retry: {exc.reason or 'retry requested'}",
-            traceback=format_exception(exc),
-            retryable=True,
-            retry_after=exc.after,
-        )
-    except Cancelled as exc:
-        return Report(
-            job_id,
-            "cancelled",
-            error=f"Cancelled: {exc.reason or 'the job stopped itself on a cancel request'}",
-            traceback=format_exception(exc),
-            retryable=False,
-        )
-    except (Fail, InvalidStepResult) as exc:
-        # A step's result that cannot be recorded would be the same on every attempt.
-        return Report(
-            job_id, "error", error=_summary(exc), traceback=format_exception(exc), retryable=False
-        )
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt must not kill us
-        return Report(job_id, "error", error=_summary(exc), traceback=format_exception(exc))
+        report = _report_of(job_id, exc)
+        tracing.failed(span, exc, report.traceback)
+        return report
     finally:
         close_old_connections()
     from django_jobs.storable import NOTE, storable_json
@@ -293,6 +297,35 @@ def _run(
     # The job succeeded: its result is kept, and the job's error field says what was changed.
     error = f"the result held text PostgreSQL cannot store: {NOTE}" if changed else ""
     return Report(job_id, "done", result_json=result_json, error=error)
+
+
+def _report_of(job_id: int, exc: BaseException) -> Report:
+    """The report of a run whose job raised ``exc``."""
+    from django_jobs.sanitize import format_exception
+
+    if isinstance(exc, Retry):
+        return Report(
+            job_id,
+            "error",
+            error=f"Retry: {exc.reason or 'retry requested'}",
+            traceback=format_exception(exc),
+            retryable=True,
+            retry_after=exc.after,
+        )
+    if isinstance(exc, Cancelled):
+        return Report(
+            job_id,
+            "cancelled",
+            error=f"Cancelled: {exc.reason or 'the job stopped itself on a cancel request'}",
+            traceback=format_exception(exc),
+            retryable=False,
+        )
+    if isinstance(exc, Fail | InvalidStepResult):
+        # A step's result that cannot be recorded would be the same on every attempt.
+        return Report(
+            job_id, "error", error=_summary(exc), traceback=format_exception(exc), retryable=False
+        )
+    return Report(job_id, "error", error=_summary(exc), traceback=format_exception(exc))
 
 
 def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -399,5 +432,7 @@ def _on_sigterm(stop_requested: Any, signum: int, frame: Any) -> None:
     only when that call returns, or at the SIGKILL."""
     if not stop_requested.value:
         return
+    # The run's span ends here, or never: the process dies of this signal.
+    tracing.stopped(_RUNNING[0], "stopped")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

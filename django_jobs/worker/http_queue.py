@@ -71,10 +71,12 @@ def finish_body(lease: Lease, outcome: str, **options: Any) -> dict[str, Any]:
 
 def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
     """The claimed job of a claim's answer, with the recorded steps and cursors it carries (a
-    server older than them sends none: its runs find none)."""
+    server older than them sends none: its runs find none), and the trace context it was
+    enqueued in (an older server sends none: its runs' spans have no link)."""
     checkpoint = None
     if "steps" in job or "cursors" in job:
         checkpoint = Checkpoint.of(job.get("steps"), job.get("cursors"))
+    trace_context = job.get("trace_context")
     return ClaimedJob(
         lease=Lease(job["id"], job["attempt"], worker_id, job["lease"]),
         attempt_id=0,  # the API does not say, and a worker does not need it
@@ -86,6 +88,7 @@ def claimed_job(worker_id: str, job: dict[str, Any]) -> ClaimedJob:
         timeout=job["timeout"],
         parent_id=job["parent_id"],
         checkpoint=checkpoint,
+        trace_context=trace_context if isinstance(trace_context, dict) else None,
     )
 
 

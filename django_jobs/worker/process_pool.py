@@ -176,6 +176,8 @@ class ExecutorPool:
             kwargs_json=job.kwargs_json,
             lease=lease.token,
             checkpoint=job.checkpoint,
+            queue=job.queue,
+            trace_context=job.trace_context,
         )
         # Pickled here in one call and written in one: the executor's ``recv()`` reads it as
         # if sent with ``send()``, which would build a pickler with its own dispatch table first.

@@ -105,7 +105,8 @@ def test_a_finish_with_claim_next_answers_the_next_job_with_its_lease(api: Api) 
     nxt = answer.data["job"]
     # The same fields as a claim's answer: the worker goes on with it as with a claimed job.
     assert set(nxt) == {"id", "task", "queue", "args", "kwargs", "attempt", "max_attempts",
-                        "timeout", "parent_id", "lease", "steps", "cursors"}  # fmt: skip
+                        "timeout", "parent_id", "lease", "steps", "cursors",
+                        "trace_context"}  # fmt: skip
     assert (nxt["steps"], nxt["cursors"]) == ({}, {})
     assert (nxt["id"], nxt["task"], nxt["attempt"]) == (second, "remote.upper", 1)
     assert nxt["lease"].endswith(".1.api:" + job["lease"].split(".api:", 1)[1])  # same worker

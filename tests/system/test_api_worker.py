@@ -29,6 +29,7 @@ from testproject.testjobs.jobs import (
     sleep,
     spawner,
     step_then_cursor,
+    tree,
 )
 from testproject.testjobs.models import Execution
 from tests.conftest import ROOT, WorkerProcess, connect, wait_for
@@ -367,3 +368,35 @@ def test_an_api_workers_cursor_saves_are_written(
     job.refresh_from_db()
     assert job.state == "done", (job.error, worker.output)
     assert job.cursors is not None and job.cursors["next"]["value"] == 5, job.cursors
+
+
+def test_an_api_workers_runs_are_traced_as_a_database_workers(
+    start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    # The claim's answer carries the job's trace context; a child spawned over the API carries
+    # the run's, which the worker's client sends as W3C headers.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from testproject.testjobs import spans
+
+    path = tmp_path / "spans.jsonl"
+    with TracerProvider().get_tracer("tests").start_as_current_span("request") as request:
+        parent = tree.enqueue(1)
+
+    worker = start_api_worker("--burst", env={spans.VARIABLE: str(path)})
+
+    assert worker.wait() == 0, worker.output
+    runs = {
+        span["attributes"]["django_jobs.job.id"]: span
+        for span in spans.read(str(path))
+        if span["name"].startswith("run ")
+    }
+    context = request.get_span_context()
+    assert runs[parent.pk]["links"] == [
+        {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+    ]
+    parent_run = {key: runs[parent.pk][key] for key in ("trace_id", "span_id")}
+    children = Job.objects.filter(parent_id=parent.pk)
+    assert sorted(child.task for child in children) == ["tests.noop", "tests.tree"]
+    assert all(runs[child.pk]["links"] == [parent_run] for child in children)
+    assert all(run["attributes"]["django_jobs.job.outcome"] == "done" for run in runs.values())

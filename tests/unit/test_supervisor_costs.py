@@ -164,7 +164,19 @@ def test_a_job_is_handed_to_its_executor_in_one_message_that_recv_reads() -> Non
     supervisor_end, executor_end = multiprocessing.Pipe()
     slot = Slot(index=0, process=FakeProcess(1), conn=ExecutorEnd(supervisor_end))  # type: ignore[arg-type]
     lease = Lease(42, 2, "w:1:abc", "token")
-    job = ClaimedJob(lease, 7, TASK, "default", "[1]", '{"a": 2}', 3, None, None)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    job = ClaimedJob(
+        lease,
+        7,
+        TASK,
+        "default",
+        "[1]",
+        '{"a": 2}',
+        3,
+        None,
+        None,
+        trace_context={"traceparent": traceparent},
+    )
 
     pool.assign(slot, job)
 
@@ -177,6 +189,8 @@ def test_a_job_is_handed_to_its_executor_in_one_message_that_recv_reads() -> Non
         args_json="[1]",
         kwargs_json='{"a": 2}',
         lease="token",
+        queue="default",
+        trace_context={"traceparent": traceparent},
     )
     assert not executor_end.poll(0)  # and nothing else
     supervisor_end.close()

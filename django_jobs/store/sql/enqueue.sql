@@ -12,12 +12,13 @@
 -- on each call like every statement on Django's connection, does without: it plans in about a
 -- quarter of insert_job's time. Everything else is insert_job's, the NOTIFY included.
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
-                             run_after, error, finished_at, concurrency_key, concurrency_limit)
+                             run_after, error, finished_at, concurrency_key, concurrency_limit,
+                             trace_context)
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
         %(reason)s, CASE WHEN %(state)s = 'cancelled' THEN now() END,
-        %(concurrency_key)s, %(concurrency_limit)s)
+        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb)
 RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt,
     (CASE WHEN state = 'pending' AND run_after <= now()
           THEN pg_notify('django_jobs', queue) END) IS NULL AS notified
@@ -29,17 +30,18 @@ RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt
 -- key that an active job holds inserts nothing (the caller then looks that job up).
 -- The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now:
 -- the notification is delivered when the enqueueing transaction commits, and never if it rolls
--- back. It carries only the queue name.
+-- back. It carries only the queue name. trace_context is the W3C trace context of the span the
+-- job is enqueued in (runtime/tracing.py), NULL outside one.
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
                              run_after, parent_id, parent_attempt, unique_key, error, finished_at,
-                             concurrency_key, concurrency_limit)
+                             concurrency_key, concurrency_limit, trace_context)
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
         %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
         %(unique_key)s, %(reason)s,
         CASE WHEN %(state)s = 'cancelled' THEN now() END,
-        %(concurrency_key)s, %(concurrency_limit)s)
+        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                            AND state IN ('waiting', 'pending', 'running')
 DO NOTHING
