@@ -49,7 +49,9 @@ SUMS = (
     + "]"
 )
 
-NEW_BASELINES = f"""baselines AS (
+NEW_BASELINES = f"""baselines AS MATERIALIZED (
+    -- Once per task, whatever the number of its running jobs (inlined, the planner may read it
+    -- again for each running job).
     SELECT c.task, coalesce(h.p95, b.p95) AS p95, coalesce(h.runs, b.runs) AS runs,
            CASE WHEN h.runs IS NOT NULL THEN 'rollups' ELSE 'newest' END AS source
     FROM (
