@@ -304,10 +304,17 @@ def rollup_retention() -> timedelta:
     """``JOBS_ROLLUP_RETENTION``: how long ``prunejobs`` keeps the hourly rollups (a duration as
     :func:`parse_duration` reads it). Their all-time totals are never deleted. Default
     ``"400d"``: a year and a month, for a year-on-year look."""
+    value = _get("JOBS_ROLLUP_RETENTION", "400d")
     try:
-        return parse_duration(_get("JOBS_ROLLUP_RETENTION", "400d"))
-    except ValueError as exc:
+        retention = parse_duration(value)
+    except (ValueError, OverflowError) as exc:
         raise ImproperlyConfigured(f"JOBS_ROLLUP_RETENTION: {exc}") from None
+    if not timedelta(days=1) <= retention <= timedelta(days=36500):
+        raise ImproperlyConfigured(
+            f"JOBS_ROLLUP_RETENTION: expected from 1 day to 100 years, such as '400d', not "
+            f"{value!r} (a bare number is seconds)"
+        )
+    return retention
 
 
 def rollup_interval() -> float:
@@ -316,13 +323,13 @@ def rollup_interval() -> float:
     run ``manage.py prunejobs`` or ``manage.py rollupjobs`` from cron). Default 60."""
     value = _get("JOBS_ROLLUP_INTERVAL", 60.0)
     try:
-        seconds = float(value)
+        seconds = -1.0 if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
+    if not (seconds == 0 or 1 <= seconds <= 86400):
         raise ImproperlyConfigured(
-            f"JOBS_ROLLUP_INTERVAL: expected seconds, 0 or more (0 turns the passes off), "
-            f"not {value!r}"
+            f"JOBS_ROLLUP_INTERVAL: expected seconds from 1 to 86400, or 0 to turn the passes "
+            f"off, not {value!r}"
         )
     return seconds
 
@@ -360,10 +367,10 @@ def metrics_tokens() -> list[str]:
             f"JOBS_METRICS_TOKENS: expected a list of strings, not {value!r}"
         )
     for token in value:
-        if not isinstance(token, str) or len(token.strip()) < 16 or token != token.strip():
+        if not isinstance(token, str) or len(token) < 16 or not all("!" <= c <= "~" for c in token):
             raise ImproperlyConfigured(
-                "JOBS_METRICS_TOKENS: each token must be a string of at least 16 characters "
-                "without surrounding spaces (make one with `python -c 'import secrets; "
+                "JOBS_METRICS_TOKENS: each token must be a string of at least 16 printable "
+                "ASCII characters, without spaces (make one with `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(32))'`)"
             )
     return list(value)

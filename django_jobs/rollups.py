@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import date, datetime, timedelta
 
-from django.db import connections
+import psycopg
+from django.db import OperationalError, connections
 
 from django_jobs import conf
 from django_jobs.cursor import Cursor
@@ -42,6 +43,14 @@ ROLLUP_DELAY = timedelta(minutes=5)
 #: The hours one pass of ``rollupjobs`` or ``prunejobs`` covers (a worker's covers one: its
 #: loop must not wait long).
 COMMAND_SPAN = timedelta(hours=24)
+
+
+#: The shortest pass: an hour, the rollups' grain.
+MIN_SPAN = timedelta(hours=1)
+
+
+def _timed_out(error: BaseException) -> bool:
+    return isinstance(error.__cause__, psycopg.errors.QueryCanceled)
 
 
 @dataclasses.dataclass
@@ -65,26 +74,13 @@ class RollupResult:
         return f"{until}: {self.rows} hourly row(s) in {self.passes} pass(es) ({self.elapsed:.1f}s)"
 
 
-def hour_after(moment: datetime) -> datetime:
-    """The start of the UTC hour after the one ``moment`` falls in."""
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-
-
 def roll_up_once(cursor: Cursor, span: timedelta = COMMAND_SPAN) -> statements.Rolled | None:
     """One pass: roll up at most ``span`` of closed hours after the watermark. None when no hour
     is due (the watermark is at the last closed hour, or nothing has finished)."""
-    where = statements.span(cursor, ROLLUP_DELAY)
-    start = where.rolled_until
-    if start is None:
-        if where.earliest is None:
-            return None  # nothing has finished yet: the watermark waits for the first finish
-        end = min(hour_after(where.earliest) + span - timedelta(hours=1), where.closed_until)
-        if end <= where.earliest:
-            return None  # the earliest finish's hour has not closed yet
-    else:
-        end = min(start + span, where.closed_until)
-        if end <= start:
-            return None
+    where = statements.span(cursor, ROLLUP_DELAY, span)
+    if where.pass_end is None:
+        return None  # nothing has finished yet, or the last closed hour is rolled up
+    start, end = where.rolled_until, where.pass_end
     return statements.roll_up(cursor, start, end, DURATION_BOUNDS)
 
 
@@ -100,7 +96,15 @@ def roll_up(
     result = RollupResult()
     with connections[alias or conf.database_alias()].cursor() as cursor:
         while True:
-            rolled = roll_up_once(cursor, span)
+            try:
+                rolled = roll_up_once(cursor, span)
+            except OperationalError as exc:
+                # A pass that runs into JOBS_STATEMENT_TIMEOUT_MS (a very busy day, a slow
+                # server): the same hours in smaller passes, down to one hour.
+                if not _timed_out(exc) or span <= MIN_SPAN:
+                    raise
+                span = max(MIN_SPAN, timedelta(hours=span // timedelta(hours=1) // 2))
+                continue
             if rolled is None:
                 break
             if not rolled.advanced:
@@ -135,7 +139,7 @@ class TaskStatistics:
     p95_seconds: float | None = None
     mean_seconds: float | None = None
     #: Per UTC day, oldest first (today last): (day, jobs ended, jobs failed).
-    daily: list[tuple[datetime, int, int]] = dataclasses.field(default_factory=list)
+    daily: list[tuple[date, int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def failure_rate(self) -> float | None:
@@ -148,29 +152,32 @@ class TaskStatistics:
 FAILED_OUTCOMES = ("error", "timeout", "lost", "crashed")
 
 
-def task_statistics(days: int = 7, using: str | None = None) -> list[TaskStatistics]:
-    """Each task's count, failure rate, p50/p95 duration and daily trend over the last ``days``
-    UTC days (today included), read from the hourly rollups: what has finished since the last
-    closed hour is not in them yet. From ``JOBS_READ_DATABASE`` unless ``using``."""
+def task_statistics(
+    days: int = 7, tasks: int = 50, using: str | None = None
+) -> list[TaskStatistics]:
+    """The count, failure rate, p50/p95 duration and daily trend over the last ``days`` UTC
+    days (today included) of the ``tasks`` tasks that ended the most jobs in them, busiest
+    first, read from the hourly rollups: what has finished since the last closed hour is not in
+    them yet. From ``JOBS_READ_DATABASE`` unless ``using``."""
     with reading(using) as cursor:
-        rows = statements.task_days(cursor, days)
-        today = statements.span(cursor, ROLLUP_DELAY).closed_until
-    first = today.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    day_list = [first - timedelta(days=days - 1 - i) for i in range(days)]
+        rows = statements.task_days(cursor, days, tasks)
+    if not rows:
+        return []
+    day_list = [rows[0].today - timedelta(days=days - 1 - i) for i in range(days)]
     found: dict[str, TaskStatistics] = {}
-    per_day: dict[str, dict[datetime, list[int]]] = {}
+    per_day: dict[str, dict[date, list[int]]] = {}
     done_buckets: dict[str, list[int]] = {}
     done_seconds: dict[str, tuple[float, int]] = {}
     for row in rows:
         stats = found.setdefault(row.task, TaskStatistics(row.task))
         day = per_day.setdefault(row.task, {d: [0, 0] for d in day_list})
-        counts = day.setdefault(row.day.astimezone(UTC), [0, 0])
+        counts = day.setdefault(row.day, [0, 0])
         stats.jobs += row.jobs
         stats.attempts += row.attempts
         counts[0] += row.jobs
         if row.outcome == "done":
             stats.done += row.jobs
-            done_buckets[row.task] = add_buckets(done_buckets.get(row.task, []), row.buckets)
+            done_buckets[row.task] = list(row.buckets)  # the period's, on each of its days
             seconds, n = done_seconds.get(row.task, (0.0, 0))
             done_seconds[row.task] = (seconds + row.seconds, n + row.attempts)
         elif row.outcome == "error":

@@ -76,12 +76,7 @@ def read(using: str | None = None) -> list[Metric]:
         "Seconds from the rollups' watermark to now: finishes after it are read from the job "
         "table on each scrape (an hour and 5 minutes is normal; NaN: no rollup yet).",
     )
-    lag.add_metric(
-        [],
-        float("nan")
-        if rollups.rolled_until is None
-        else (rollups.now - rollups.rolled_until).total_seconds(),
-    )
+    lag.add_metric([], float("nan") if rollups.lag_seconds is None else rollups.lag_seconds)
     families.append(lag)
     took = GaugeMetricFamily(
         f"{PREFIX}_metrics_read_seconds",
@@ -233,11 +228,11 @@ def _schedule_families(rows: list[reads.ScheduleRow]) -> list[Metric]:
     )
     for s in rows:
         labels = [s.name, s.task]
-        if s.last_success_at is not None:
-            success.add_metric(labels, s.last_success_at.timestamp())
+        if s.last_success_epoch is not None:
+            success.add_metric(labels, s.last_success_epoch)
         late.add_metric(labels, s.late_seconds or 0.0)
-        if s.next_run_at is not None:
-            upcoming.add_metric(labels, s.next_run_at.timestamp())
+        if s.next_run_epoch is not None:
+            upcoming.add_metric(labels, s.next_run_epoch)
     return [success, late, upcoming]
 
 

@@ -35,8 +35,8 @@ class Counts(models.Model):
     duration_seconds_total = models.FloatField(default=0.0)
     duration_seconds_max = models.FloatField(null=True, blank=True)
     #: Attempts per duration bucket: entry i counts the durations d with
-    #: ``DURATION_BOUNDS[i-1] <= d < DURATION_BOUNDS[i]`` (django_jobs/rollups.py); the last
-    #: entry, those of at least the last bound.
+    #: ``DURATION_BOUNDS[i-1] < d <= DURATION_BOUNDS[i]`` (django_jobs/rollups.py), as
+    #: Prometheus' ``le`` counts; the last entry, those over the last bound.
     duration_buckets = ArrayField(models.BigIntegerField(), default=list)
     #: The ended jobs that had started: the seconds their final attempt waited from ready
     #: (run_after) to its start.

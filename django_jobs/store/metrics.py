@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from django_jobs.cursor import Cursor
 from django_jobs.store import db
+from django_jobs.store.rollups import bucket_params
 from django_jobs.store.sql import query
 
 Row = TypeVar("Row")
@@ -52,15 +53,16 @@ class FinishedRow(NamedTuple):
 
 class RollupsRow(NamedTuple):
     rolled_until: datetime | None
-    now: datetime
+    lag_seconds: float | None
 
 
 class ScheduleRow(NamedTuple):
     name: str
     task: str
-    next_run_at: datetime | None
+    #: Unix times, as PostgreSQL reckons them (no time zone of Python's involved).
+    next_run_epoch: float | None
     late_seconds: float
-    last_success_at: datetime | None
+    last_success_epoch: float | None
 
 
 class AlertRow(NamedTuple):
@@ -83,7 +85,7 @@ def workers(cursor: Cursor) -> list[WorkersRow]:
 
 def finished(cursor: Cursor, bounds: Sequence[float], since: datetime | None) -> list[FinishedRow]:
     """The counts; ``since``: the watermark as :func:`rollups` read it (None: none yet)."""
-    params = {"bounds": list(bounds), "since": since or "-infinity"}
+    params = {**bucket_params(bounds), "since": since or "-infinity"}
     return _all(cursor, "metrics_finished", FinishedRow, params)
 
 

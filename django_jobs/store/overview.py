@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
@@ -24,6 +24,8 @@ from django_jobs.store import operations_views as stats
 WINDOW_MINUTES = 60
 #: The days of the task statistics (from the hourly rollups).
 TASK_DAYS = 7
+#: At most this many tasks, those that ended the most jobs.
+TASKS = 50
 REFRESH_SECONDS = 10
 STUCK_REASONS = {
     "past_timeout": "running past its timeout",
@@ -125,7 +127,7 @@ def _context(alias: str) -> dict[str, Any]:
         {**f, "error_text": mask_text(f["error"] or "")[:300]}
         for f in stats.recent_failures(limit=15, using=alias)
     ]
-    tasks = [_task_row(t) for t in rollups.task_statistics(TASK_DAYS, using=alias)]
+    tasks = [_task_row(t) for t in rollups.task_statistics(TASK_DAYS, TASKS, using=alias)]
     return {
         "summary": summary,
         "queues": queues,
@@ -140,6 +142,7 @@ def _context(alias: str) -> dict[str, Any]:
         "failures": failures,
         "tasks": tasks,
         "task_days": TASK_DAYS,
+        "task_limit": TASKS,
         "refresh_seconds": REFRESH_SECONDS,
         "read_problem": "",
     }
@@ -208,7 +211,7 @@ def _task_row(t: rollups.TaskStatistics) -> dict[str, Any]:
     }
 
 
-def trend(daily: list[tuple[datetime, int, int]]) -> SafeString:
+def trend(daily: list[tuple[date, int, int]]) -> SafeString:
     """An inline SVG of jobs ended per day (failed in red on top of the rest), oldest first."""
     width, height, gap = 84, 20, 2
     peak = max((jobs for _, jobs, _ in daily), default=0) or 1

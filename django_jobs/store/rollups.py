@@ -4,7 +4,7 @@ django_jobs/store/sql/rollups.sql."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
@@ -15,11 +15,13 @@ from django_jobs.store.sql import query
 class Span(NamedTuple):
     """Where the rollups stand: every hour before ``rolled_until`` is rolled up (None: none
     yet); hours before ``closed_until`` may be; ``earliest``: before the first pass, the
-    earliest finish on record."""
+    earliest finish on record; ``pass_end``: where a pass from the watermark would end (None:
+    no hour is due)."""
 
     rolled_until: datetime | None
     closed_until: datetime
     earliest: datetime | None
+    pass_end: datetime | None
 
 
 class Rolled(NamedTuple):
@@ -31,15 +33,17 @@ class Rolled(NamedTuple):
 
 
 class TaskDay(NamedTuple):
-    """A task's rollups summed over one UTC day and outcome."""
+    """A task's rollups summed over one UTC day and outcome; ``buckets``: for the outcome done,
+    its successful attempts' buckets over the whole period (the same on each of its days)."""
 
     task: str
-    day: datetime
+    day: date
     outcome: str
     jobs: int
     attempts: int
     seconds: float
     buckets: list[int]
+    today: date
 
 
 class _Deleted(NamedTuple):
@@ -50,8 +54,15 @@ class _Watermark(NamedTuple):
     rolled_until: datetime | None
 
 
-def span(cursor: Cursor, delay: timedelta) -> Span:
-    found = db.fetch_one_as(db.execute(cursor, query("rollup_span"), {"delay": delay}), Span)
+def bucket_params(bounds: Sequence[float]) -> dict[str, list[float]]:
+    """The statements' parameters for the buckets of ``bounds``."""
+    return {"bounds": list(bounds), "negated_bounds": sorted(-bound for bound in bounds)}
+
+
+def span(cursor: Cursor, delay: timedelta, length: timedelta = timedelta(hours=24)) -> Span:
+    """Where the rollups stand, and where a pass of at most ``length`` would end."""
+    params = {"delay": delay, "span": length}
+    found = db.fetch_one_as(db.execute(cursor, query("rollup_span"), params), Span)
     assert found is not None  # a SELECT from VALUES has one row
     return found
 
@@ -60,7 +71,7 @@ def roll_up(
     cursor: Cursor, start: datetime | None, end: datetime, bounds: Sequence[float]
 ) -> Rolled:
     """Roll up the hours in [``start``, ``end``) if the watermark is still at ``start``."""
-    params = {"from": start, "to": end, "bounds": list(bounds)}
+    params = {"from": start, "to": end, **bucket_params(bounds)}
     rolled = db.fetch_one_as(db.execute(cursor, query("roll_up"), params), Rolled)
     assert rolled is not None  # a SELECT without FROM has one row
     return rolled
@@ -79,6 +90,8 @@ def prune(cursor: Cursor, age: timedelta, batch_size: int) -> int:
     return gone.deleted
 
 
-def task_days(cursor: Cursor, days: int) -> list[TaskDay]:
-    """Each task's days (the last ``days``, today included) by outcome."""
-    return db.fetch_all_as(db.execute(cursor, query("task_days"), {"days": days}), TaskDay)
+def task_days(cursor: Cursor, days: int, tasks: int) -> list[TaskDay]:
+    """The days (the last ``days``, today included) by outcome of the ``tasks`` tasks that
+    ended the most jobs in them."""
+    params = {"days": days, "tasks": tasks}
+    return db.fetch_all_as(db.execute(cursor, query("task_days"), params), TaskDay)

@@ -272,10 +272,37 @@ def test_who_may_read_the_page(settings, remote, headers, status) -> None:
         assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_only_get_and_head_are_served() -> None:
+def test_only_get_and_head_are_served_and_other_methods_get_json() -> None:
     with override_settings(JOBS_METRICS_ALLOWED_IPS=["127.0.0.1"]):
-        assert Client().post("/metrics/", data="x", content_type="text/plain").status_code == 405
+        client = Client(enforce_csrf_checks=True)
+        for method in ("post", "put", "delete", "patch", "options"):
+            response = getattr(client, method)("/metrics/", data="x", content_type="text/plain")
+            assert response.status_code == 405, method
+            assert response.json()["field"] == "method" and response["Allow"] == "GET, HEAD"
         assert Client().head("/metrics/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/plain; version=abc",
+        "application/openmetrics-text; version=1.a",
+        "application/openmetrics-text; version=",
+        "*/*;q=nonsense",
+    ],
+)
+def test_an_accept_header_the_client_library_cannot_read_gets_the_text_format(accept) -> None:
+    with override_settings(JOBS_METRICS_ALLOWED_IPS=["127.0.0.1"]):
+        response = Client().get("/metrics/", HTTP_ACCEPT=accept)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith(("text/plain", "application/openmetrics-text"))
+
+
+def test_bad_settings_at_run_time_are_a_json_error_that_says_so() -> None:
+    with override_settings(JOBS_METRICS_ALLOWED_IPS=["prometheus.internal"]):
+        response = Client().get("/metrics/")
+    assert response.status_code == 500
+    assert "JOBS_METRICS_ALLOWED_IPS" in response.json()["error"]
 
 
 def test_the_refusal_comes_before_any_read(django_assert_num_queries) -> None:
@@ -293,6 +320,8 @@ def test_the_refusal_comes_before_any_read(django_assert_num_queries) -> None:
         ("JOBS_METRICS_TOKENS", "secret", "a list"),
         ("JOBS_METRICS_TOKENS", ["short"], "at least 16"),
         ("JOBS_METRICS_TOKENS", [None], "at least 16"),
+        ("JOBS_METRICS_TOKENS", ["ünïcode-token-that-never-matches"], "printable ASCII"),
+        ("JOBS_METRICS_TOKENS", ["a token with spaces inside it"], "printable ASCII"),
     ],
 )
 def test_bad_metrics_settings_are_system_check_errors(settings, setting, value, message) -> None:
@@ -315,3 +344,36 @@ def test_the_shipped_alert_rules_name_metrics_and_labels_the_page_serves(
         for name, matchers in selectors(rule["expr"]):
             assert name in served, (rule["alert"], name)
             assert set(matchers) <= served[name], (rule["alert"], matchers)
+
+
+def counters() -> dict[tuple[str, tuple], float]:
+    from django_jobs.metrics import collect
+
+    found = {}
+    for family in collect.read():
+        if family.type in ("counter", "histogram", "summary"):
+            for sample in family.samples:
+                found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_no_counter_goes_back_when_a_pass_moves_hours_into_the_totals() -> None:
+    from django_jobs.models import RollupState
+
+    now = db_now()
+    for i in range(240):  # 10 per hour over 24 hours, with durations no float sums exactly
+        ended(now - timedelta(hours=1 + i // 10, minutes=i % 10 * 5), seconds=(i % 7 + 1) / 3,
+              waited=(i % 5) / 7)  # fmt: skip
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    RollupState.objects.create(id=1, rolled_until=hour - timedelta(hours=30))
+    before = counters()
+    passes = 0
+    with connection.cursor() as cursor:
+        while rollups.roll_up_once(cursor, timedelta(hours=1)) is not None:
+            passes += 1
+            after = counters()
+            went_back = {k: (before[k], v) for k, v in after.items() if v < before.get(k, 0)}
+            assert went_back == {}, f"pass {passes}: {went_back}"
+            assert after == pytest.approx(before)
+            before = after
+    assert passes >= 24

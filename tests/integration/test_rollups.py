@@ -71,7 +71,7 @@ def finished(
 
 def bucket(seconds: float) -> list[int]:
     counts = [0] * (len(BOUNDS) + 1)
-    counts[sum(1 for bound in BOUNDS if bound <= seconds)] += 1
+    counts[sum(1 for bound in BOUNDS if bound < seconds)] += 1
     return counts
 
 
@@ -298,8 +298,12 @@ def test_the_documented_query_reads_the_rollups() -> None:
     [
         ("JOBS_ROLLUP_RETENTION", "a year", "expected a duration"),
         ("JOBS_ROLLUP_RETENTION", -5, "cannot be negative"),
-        ("JOBS_ROLLUP_INTERVAL", -1, "0 or more"),
-        ("JOBS_ROLLUP_INTERVAL", "often", "0 or more"),
+        ("JOBS_ROLLUP_INTERVAL", -1, "from 1 to 86400"),
+        ("JOBS_ROLLUP_INTERVAL", "often", "or 0 to turn"),
+        ("JOBS_ROLLUP_INTERVAL", 1e-9, "from 1 to 86400"),
+        ("JOBS_ROLLUP_INTERVAL", True, "from 1 to 86400"),
+        ("JOBS_ROLLUP_RETENTION", 400, "a bare number is seconds"),
+        ("JOBS_ROLLUP_RETENTION", "100000000d", "to 100 years"),
     ],
 )
 def test_bad_rollup_settings_are_system_check_errors(settings, setting, value, message) -> None:
@@ -315,3 +319,66 @@ def test_good_rollup_settings_pass_the_check(settings) -> None:
 
     settings.JOBS_ROLLUP_RETENTION, settings.JOBS_ROLLUP_INTERVAL = "12w", 0
     assert check_rollups() == []
+
+
+@pytest.mark.django_db
+def test_a_duration_on_a_bound_is_in_that_bounds_bucket_as_prometheus_le_counts() -> None:
+    at = timezone.now() - timedelta(days=1)
+    for seconds in (1.0, 2.5, 0.1):
+        finished(at, seconds=seconds)
+    rollups.roll_up()
+    (row,) = Rollup.objects.filter(outcome="done")
+    expected = [0] * (len(BOUNDS) + 1)
+    for bound in (1.0, 2.5, 0.1):
+        expected[BOUNDS.index(bound)] += 1
+    assert row.duration_buckets == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_that_runs_into_the_statement_timeout_is_done_again_in_smaller_passes() -> None:
+    from unittest import mock
+
+    from django_jobs.store import rollups as statements
+
+    for days in (3, 2, 1):
+        finished(timezone.now() - timedelta(days=days))
+    real = statements.roll_up
+    spans = []
+
+    def slow_when_long(cursor, start, end, bounds):
+        spans.append(end - start if start else None)
+        if start is not None and end - start > timedelta(hours=6):
+            cursor.execute("SET LOCAL statement_timeout = 1; SELECT pg_sleep(0.1)")
+        return real(cursor, start, end, bounds)
+
+    with mock.patch.object(statements, "roll_up", slow_when_long):
+        result = rollups.roll_up()
+    assert sum(Rollup.objects.values_list("jobs", flat=True)) == 3
+    assert result.rolled_until is not None
+    hours = [span // timedelta(hours=1) for span in spans[1:]]
+    assert hours[:3] == [24, 12, 6] and max(hours[3:]) <= 6, hours
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_time_zones_rollups_and_prune_still_work() -> None:
+    from django.test import override_settings
+
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Kolkata"):
+        connection.close()
+        from datetime import datetime as naive
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now() - interval '2 days'")
+            (two_days_ago,) = cursor.fetchone()
+        assert two_days_ago.tzinfo is None
+        JobFactory(
+            finished=True, started_at=two_days_ago, finished_at=two_days_ago,
+            run_after=two_days_ago,
+        )  # fmt: skip
+        result = prune(older_than=timedelta(days=1))
+        assert result.jobs == 1
+        assert isinstance(RollupState.objects.get().rolled_until, naive)
+        assert rollups.roll_up().passes == 0
+        assert [t.jobs for t in rollups.task_statistics()] == [1]
+    connection.close()
+    assert RollupTotal.objects.get().jobs == 1

@@ -54,8 +54,8 @@ FROM django_jobs_workers GROUP BY alive
 -- the one this statement reads is never earlier, and it is the one that counts. Rows:
 -- - kind 'total': the totals, with their duration buckets;
 -- - kind 'jobs': finished jobs after the watermark (with their waits);
--- - kind 'attempts': ended attempts after the watermark, per duration bucket (width_bucket over
---   %(bounds)s, as the rollups count them).
+-- - kind 'attempts': ended attempts after the watermark, per duration bucket, durations rounded
+--   and bucketed exactly as the rollups do (store/sql/rollups.sql, roll_up).
 WITH mark AS (
     SELECT coalesce((SELECT rolled_until FROM django_jobs_rollup_state WHERE id = 1),
                     '-infinity'::timestamptz) AS rolled_until
@@ -67,16 +67,19 @@ FROM django_jobs_rollup_total
 UNION ALL
 SELECT 'jobs', j.queue, j.task, j.state, count(*), 0, 0, NULL, NULL,
        count(j.started_at),
-       coalesce(sum(greatest(extract(epoch FROM j.started_at - j.run_after)::float8, 0)), 0)
+       coalesce(sum(round(greatest(extract(epoch FROM j.started_at - j.run_after)::float8, 0)
+                          * 1048576) / 1048576), 0)
 FROM django_jobs_job j
 WHERE j.state IN ('done', 'error', 'cancelled')
   AND j.finished_at >= %(since)s::timestamptz
   AND j.finished_at >= (SELECT rolled_until FROM mark)
 GROUP BY j.queue, j.task, j.state
 UNION ALL
-SELECT 'attempts', j.queue, j.task, a.outcome, 0, count(*), sum(a.seconds), a.bucket, NULL, 0, 0
+SELECT 'attempts', j.queue, j.task, a.outcome, 0, count(*), sum(a.summed), a.bucket, NULL, 0, 0
 FROM (
-    SELECT job_id, outcome, seconds, width_bucket(seconds, %(bounds)s::float8[]) AS bucket
+    SELECT job_id, outcome, round(seconds * 1048576) / 1048576 AS summed,
+           cardinality(%(bounds)s::float8[])
+               - width_bucket(-seconds, %(negated_bounds)s::float8[]) AS bucket
     FROM (
         SELECT a.job_id, a.outcome,
                greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS seconds
@@ -91,8 +94,8 @@ JOIN django_jobs_job j ON j.id = a.job_id
 GROUP BY j.queue, j.task, a.outcome, a.bucket
 
 -- name: metrics_rollups
--- The rollups' watermark (django_jobs_rollup_state, one row) and the database's clock.
-SELECT s.rolled_until, now() AS now
+-- The rollups' watermark (django_jobs_rollup_state, one row), and the seconds since it.
+SELECT s.rolled_until, extract(epoch FROM now() - s.rolled_until)::float8 AS lag_seconds
 FROM (VALUES (1)) AS one (id)
 LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
 
@@ -101,7 +104,8 @@ LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
 -- its last successful run finished: the newest tick whose job is done (the tick index
 -- schedule_tick_once, newest first, then each tick's job by primary key; ticks and jobs
 -- deleted by prunejobs are not counted).
-SELECT v.name, v.task, v.next_run_at, v.late_seconds, l.finished_at AS last_success_at
+SELECT v.name, v.task, extract(epoch FROM v.next_run_at)::float8 AS next_run_epoch,
+       v.late_seconds, extract(epoch FROM l.finished_at)::float8 AS last_success_epoch
 FROM django_jobs_schedules v
 JOIN django_jobs_schedule s ON s.name = v.name
 LEFT JOIN LATERAL (

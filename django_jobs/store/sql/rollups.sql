@@ -12,26 +12,46 @@
 
 -- name: rollup_span
 -- The watermark (None before the first pass: its row is written by the first pass), the last
--- hour that may be rolled up now (exclusive), and, before the first pass, the earliest finish
--- on record (job_finished_idx and attempt_finished_minute_idx: one probe each).
-SELECT s.rolled_until,
-       timezone('UTC', date_trunc('hour', timezone('UTC', now() - %(delay)s::interval)))
-           AS closed_until,
-       CASE WHEN s.rolled_until IS NULL THEN least(
-           (SELECT min(finished_at) FROM django_jobs_job
-            WHERE state IN ('done', 'error', 'cancelled')),
-           (SELECT min(timezone('UTC', date_trunc('minute', timezone('UTC', finished_at))))
-            FROM django_jobs_attempt)
-       ) END AS earliest
-FROM (VALUES (1)) AS one (id)
-LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
+-- hour that may be rolled up now (exclusive), before the first pass the earliest finish on
+-- record (job_finished_idx and attempt_finished_minute_idx: one probe each), and where a pass
+-- of at most %(span)s from the watermark would end: None when no hour is due. All in SQL, so
+-- that no clock or time zone of Python's is involved.
+WITH state AS (
+    SELECT s.rolled_until,
+           timezone('UTC', date_trunc('hour', timezone('UTC', now() - %(delay)s::interval)))
+               AS closed_until,
+           CASE WHEN s.rolled_until IS NULL THEN least(
+               (SELECT min(finished_at) FROM django_jobs_job
+                WHERE state IN ('done', 'error', 'cancelled')),
+               (SELECT min(timezone('UTC', date_trunc('minute', timezone('UTC', finished_at))))
+                FROM django_jobs_attempt)
+           ) END AS earliest
+    FROM (VALUES (1)) AS one (id)
+    LEFT JOIN django_jobs_rollup_state s ON s.id = one.id
+), ends AS (
+    SELECT *, least(
+        coalesce(rolled_until,
+                 timezone('UTC', date_trunc('hour', timezone('UTC', earliest))))
+            + %(span)s::interval,
+        closed_until) AS pass_end
+    FROM state
+)
+SELECT rolled_until, closed_until, earliest,
+       CASE WHEN rolled_until IS NULL AND earliest IS NULL THEN NULL
+            WHEN pass_end <= coalesce(rolled_until, earliest) THEN NULL
+            ELSE pass_end END AS pass_end
+FROM ends
 
 -- name: roll_up
 -- Roll up [from, to): move the watermark (the first pass, from None, writes its row), then
 -- write the hours' rows and add them to the totals. Attempts ended in the span (attempt_finished_minute_idx: the span is whole hours, so
 -- whole minutes), joined to their job by primary key; jobs finished in the span
--- (job_finished_idx). Durations fall in the buckets of %(bounds)s (width_bucket: bucket i holds
--- bounds[i] <= d < bounds[i+1], bucket 0 those under the first bound).
+-- (job_finished_idx). A duration d falls in bucket i (from 0), the number of %(bounds)s under
+-- it: bounds[i-1] < d <= bounds[i], as Prometheus' le counts (width_bucket over the negated
+-- bounds, %(negated_bounds)s, ascending). Durations and waits are summed rounded to 2^-20 s
+-- (about a microsecond; the buckets and maxima take them as they are): sums of such numbers
+-- are exact in float8 up to 2^33 s, so a sum is the same in whatever order it is added (the
+-- totals here, the metrics page's tail there), and a counter made of them never goes back.
 WITH started AS (
     -- The first pass writes the row. One that finds it there writes nothing, and, as DO
     -- NOTHING, locks nothing that the pass that wrote it would then have to skip.
@@ -50,7 +70,9 @@ WITH started AS (
 ), attempts AS (
     SELECT timezone('UTC', date_trunc('hour', timezone('UTC', a.finished_at))) AS hour,
            j.queue, j.task, a.outcome,
-           greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS seconds
+           greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS seconds,
+           round(greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0)
+                 * 1048576) / 1048576 AS summed
     FROM django_jobs_attempt a
     JOIN django_jobs_job j ON j.id = a.job_id
     WHERE EXISTS (SELECT 1 FROM advanced)
@@ -61,7 +83,8 @@ WITH started AS (
     SELECT timezone('UTC', date_trunc('hour', timezone('UTC', j.finished_at))) AS hour,
            j.queue, j.task, j.state AS outcome,
            CASE WHEN j.started_at IS NOT NULL
-                THEN greatest(extract(epoch FROM j.started_at - j.run_after)::float8, 0)
+                THEN round(greatest(extract(epoch FROM j.started_at - j.run_after)::float8, 0)
+                           * 1048576) / 1048576
            END AS waited
     FROM django_jobs_job j
     WHERE EXISTS (SELECT 1 FROM advanced)
@@ -70,10 +93,11 @@ WITH started AS (
       AND j.finished_at < %(to)s
 ), by_bucket AS (
     SELECT hour, queue, task, outcome,
-           width_bucket(seconds, %(bounds)s::float8[]) AS bucket, count(*) AS n
+           cardinality(%(bounds)s::float8[])
+               - width_bucket(-seconds, %(negated_bounds)s::float8[]) AS bucket, count(*) AS n
     FROM attempts GROUP BY 1, 2, 3, 4, 5
 ), attempt_rows AS (
-    SELECT hour, queue, task, outcome, count(*) AS attempts, sum(seconds) AS seconds_total,
+    SELECT hour, queue, task, outcome, count(*) AS attempts, sum(summed) AS seconds_total,
            max(seconds) AS seconds_max
     FROM attempts GROUP BY 1, 2, 3, 4
 ), job_rows AS (
@@ -173,30 +197,47 @@ SELECT count(*) AS deleted FROM gone
 SELECT rolled_until FROM django_jobs_rollup_state WHERE id = 1
 
 -- name: task_days
--- Per task, UTC day and outcome over the last %(days)s days: the hourly rows summed, with their
--- duration buckets summed position by position (the unique index rollup_once_per_hour, whose
--- leading column is the hour: a range of hours, whatever the size of the job table).
-WITH hours AS (
-    SELECT task, outcome, timezone('UTC', date_trunc('day', timezone('UTC', hour))) AS day,
-           jobs, attempts, duration_seconds_total, duration_buckets
-    FROM django_jobs_rollup
-    WHERE hour >= timezone('UTC', date_trunc('day', timezone('UTC', now())))
-                  - make_interval(days => %(days)s - 1)
+-- For the %(tasks)s tasks that ended the most jobs over the last %(days)s UTC days (today
+-- included): per task, UTC day and outcome, the hourly rows summed; the successful attempts'
+-- duration buckets summed position by position over the whole period (only those: the
+-- percentiles are of successful runs). Days are UTC dates, and `today` is the database's, so
+-- that no time zone of Python's is involved. Reads the unique index rollup_once_per_hour (the
+-- hour first) for the period, whatever the size of the job table; the buckets of the chosen
+-- tasks' successful hours only (rollup_task_outcome_hour_idx).
+WITH period AS (
+    SELECT (timezone('UTC', now()))::date AS today,
+           timezone('UTC', ((timezone('UTC', now()))::date - (%(days)s - 1))::timestamp)
+               AS since
+), hours AS (
+    SELECT r.task, r.outcome, (timezone('UTC', r.hour))::date AS day, r.jobs, r.attempts,
+           r.duration_seconds_total
+    FROM django_jobs_rollup r, period p
+    WHERE r.hour >= p.since
+), busiest AS (
+    SELECT task FROM hours GROUP BY task ORDER BY sum(jobs) DESC, task LIMIT %(tasks)s
 ), sums AS (
-    SELECT task, day, outcome, sum(jobs)::bigint AS jobs, sum(attempts)::bigint AS attempts,
-           sum(duration_seconds_total)::float8 AS seconds
-    FROM hours GROUP BY task, day, outcome
+    SELECT h.task, h.day, h.outcome, sum(h.jobs)::bigint AS jobs,
+           sum(h.attempts)::bigint AS attempts, sum(h.duration_seconds_total)::float8 AS seconds
+    FROM hours h JOIN busiest USING (task)
+    GROUP BY h.task, h.day, h.outcome
 ), buckets AS (
-    SELECT task, day, outcome, array_agg(n ORDER BY i) AS buckets
+    SELECT task, array_agg(n ORDER BY i) AS buckets
     FROM (
-        SELECT h.task, h.day, h.outcome, b.i, sum(b.n)::bigint AS n
-        FROM hours h, unnest(h.duration_buckets) WITH ORDINALITY AS b (n, i)
-        GROUP BY h.task, h.day, h.outcome, b.i
+        SELECT r.task, b.i, sum(b.n)::bigint AS n
+        FROM busiest t
+        JOIN django_jobs_rollup r ON r.task = t.task AND r.outcome = 'done'
+        CROSS JOIN period p
+        CROSS JOIN LATERAL unnest(r.duration_buckets) WITH ORDINALITY AS b (n, i)
+        WHERE r.hour >= p.since
+        GROUP BY r.task, b.i
     ) per_bucket
-    GROUP BY task, day, outcome
+    GROUP BY task
 )
 SELECT s.task, s.day, s.outcome, s.jobs, s.attempts, s.seconds,
-       coalesce(b.buckets, '{}'::bigint[]) AS buckets
+       CASE WHEN s.outcome = 'done' THEN coalesce(b.buckets, '{}'::bigint[])
+            ELSE '{}'::bigint[] END AS buckets,
+       p.today
 FROM sums s
-LEFT JOIN buckets b USING (task, day, outcome)
+CROSS JOIN period p
+LEFT JOIN buckets b ON b.task = s.task AND s.outcome = 'done'
 ORDER BY s.task, s.day, s.outcome
