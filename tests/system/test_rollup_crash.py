@@ -66,7 +66,7 @@ def test_three_workers_and_a_crash_roll_each_hour_up_once(
         DB,
         {
             **worker_env,
-            "JOBS_ROLLUP_INTERVAL": "0.2",
+            "JOBS_ROLLUP_INTERVAL": "1",
             "JOBS_HEARTBEAT_INTERVAL": "1",
             "JOBS_POLL_INTERVAL": "0.5",
         },
