@@ -17,9 +17,10 @@ failed with an error; the row ``(…, "timeout")`` has attempts only.
 
 from __future__ import annotations
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
+
+from django_jobs.models.fields import PgArray
 
 
 class Counts(models.Model):
@@ -37,7 +38,7 @@ class Counts(models.Model):
     #: Attempts per duration bucket: entry i counts the durations d with
     #: ``DURATION_BOUNDS[i-1] < d <= DURATION_BOUNDS[i]`` (django_jobs/rollups.py), as
     #: Prometheus' ``le`` counts; the last entry, those over the last bound.
-    duration_buckets = ArrayField(models.BigIntegerField(), default=list)
+    duration_buckets = PgArray(base_type="bigint", default=list)
     #: The ended jobs that had started: the seconds their final attempt waited from ready
     #: (run_after) to its start.
     waited_jobs = models.BigIntegerField(default=0)

@@ -382,3 +382,16 @@ def test_without_time_zones_rollups_and_prune_still_work() -> None:
         assert [t.jobs for t in rollups.task_statistics()] == [1]
     connection.close()
     assert RollupTotal.objects.get().jobs == 1
+
+
+def test_no_model_field_needs_django_contrib_postgres_installed() -> None:
+    # Django 6 refuses ArrayField unless django.contrib.postgres is in INSTALLED_APPS
+    # (postgres.E005); a project that installs django-jobs need not add it.
+    from django.apps import apps
+
+    for model in apps.get_app_config("django_jobs").get_models():
+        for field in model._meta.get_fields():
+            assert not type(field).__module__.startswith("django.contrib.postgres"), (
+                f"{model.__name__}.{field.name}"
+            )
+    assert not apps.is_installed("django.contrib.postgres"), "the test project must not need it"
