@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_jobs import alerts, conf, queues
 from django_jobs.exceptions import InvalidOption
+from django_jobs.registry import registry
 from django_jobs.schedules import declarations
 
 
@@ -64,6 +65,52 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             )
         ]
     return []
+
+
+@checks.register()
+def check_time_controls(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``JOBS_QUEUE_RATE_LIMITS`` must map queue names to rates (``"100/m"``), and
+    ``JOBS_FAIR_QUEUES`` list queue names; each a queue that some task uses, or the default."""
+    found: list[checks.CheckMessage] = []
+    try:
+        rates = queues.check_rates(conf.queue_rate_limits())
+    except InvalidOption as error:
+        found.append(
+            checks.Error(
+                f"JOBS_QUEUE_RATE_LIMITS is invalid: {error}",
+                hint="Write it as {'emails': '100/m'}: queue name to the most starts per window"
+                " ('10/s', '100/m', '1000/h', '10/2s', '5/30m').",
+                id="django_jobs.E010",
+            )
+        )
+        rates = {}
+    try:
+        fair = queues.check_fair(conf.fair_queues())
+    except InvalidOption as error:
+        found.append(
+            checks.Error(
+                f"JOBS_FAIR_QUEUES is invalid: {error}",
+                hint="Write it as ['imports']: the queues to claim round-robin across their keys.",
+                id="django_jobs.E010",
+            )
+        )
+        fair = []
+    known = {conf.default_queue(), *registry.queues(), *(conf.queues() or [])}
+    limits = conf.queue_limits()
+    if isinstance(limits, dict):
+        known.update(limits)
+    for setting, names in (("JOBS_QUEUE_RATE_LIMITS", rates), ("JOBS_FAIR_QUEUES", fair)):
+        for name in names:
+            if name not in known:
+                found.append(
+                    checks.Error(
+                        f"{setting} names the queue {name!r}, which no task uses.",
+                        hint=f"Use one of the queues of your tasks ({', '.join(sorted(known))}),"
+                        " or give a task that queue with @job(queue=...).",
+                        id="django_jobs.E011",
+                    )
+                )
+    return found
 
 
 @checks.register()

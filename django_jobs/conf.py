@@ -317,6 +317,25 @@ def rollup_retention() -> timedelta:
     return retention
 
 
+def expiry_interval() -> float:
+    """``JOBS_EXPIRY_INTERVAL``: seconds between a worker's looks for pending jobs past their
+    deadline (``expires_after``, ``expires_at``), which it ends cancelled as expired (a look is
+    one probe of an index of pending jobs with a deadline). No claim takes such a job in any
+    case; the look makes its end visible. 0 turns the worker's looks off (``manage.py
+    reapjobs`` looks on each pass). Default 5."""
+    value = _get("JOBS_EXPIRY_INTERVAL", 5.0)
+    try:
+        seconds = -1.0 if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not (seconds == 0 or 0.1 <= seconds <= 86400):
+        raise ImproperlyConfigured(
+            f"JOBS_EXPIRY_INTERVAL: expected seconds from 0.1 to 86400, or 0 to turn the looks"
+            f" off, not {value!r}"
+        )
+    return seconds
+
+
 def rollup_interval() -> float:
     """``JOBS_ROLLUP_INTERVAL``: seconds between a worker's looks at whether an hour is due to be
     rolled up (a look costs one indexed read of one row). 0 turns the worker's passes off (then
@@ -434,6 +453,23 @@ def queue_limits() -> dict[str, int]:
     :func:`django_jobs.queues.controls.check_limits`."""
     value = _get("JOBS_QUEUE_LIMITS", {})
     return dict(value) if isinstance(value, dict) else value
+
+
+def queue_rate_limits() -> Any:
+    """``JOBS_QUEUE_RATE_LIMITS``: cluster-wide rate limits on the starts of a queue's jobs,
+    ``{"emails": "100/m"}``: at most that many in any window of that length (a sliding window;
+    see :mod:`django_jobs.rates`). Synced into the queue table when a worker starts (an admin
+    edit wins over it). Default ``{}``. Checked by ``manage.py check``."""
+    value = _get("JOBS_QUEUE_RATE_LIMITS", {})
+    return dict(value) if isinstance(value, dict) else value
+
+
+def fair_queues() -> Any:
+    """``JOBS_FAIR_QUEUES``: queues whose jobs are claimed round-robin across their concurrency
+    keys (tenants), ``["imports"]``, so that one key's backlog does not hold back another's
+    jobs. Synced into the queue table when a worker starts. Default ``[]``."""
+    value = _get("JOBS_FAIR_QUEUES", [])
+    return list(value) if isinstance(value, list | tuple | set | frozenset) else value
 
 
 def remote_tasks() -> Any:

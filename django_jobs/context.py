@@ -208,6 +208,14 @@ class JobContext:
             "unique_key": task.unique_key,
             "concurrency_key": task.concurrency_key,
             "concurrency_limit": task.concurrency_limit,
+            "rate_key": task.rate_key,
+            "rate_limit": task.rate_limit,
+            "expires_at": None if task.expires_at is None else task.expires_at.isoformat(),
+            "expires_after": (
+                task.expires_after.total_seconds()
+                if isinstance(task.expires_after, datetime.timedelta)
+                else task.expires_after
+            ),
         }
         if isinstance(task.run_after, datetime.timedelta):
             options["delay"] = task.run_after.total_seconds()

@@ -22,7 +22,7 @@ from django_jobs import conf, workflows
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import DependencyError, InvalidOption, InvalidPayload
 from django_jobs.models.job import Job
-from django_jobs.registry import registry
+from django_jobs.registry import MAX_INT, registry
 from django_jobs.runtime import tracing
 from django_jobs.states import UNSUCCESSFUL_STATES, State
 from django_jobs.storable import may_hold_unstorable, unstorable
@@ -234,6 +234,46 @@ def _settle_after_commit(alias: str, state: str, job_ids: list[int]) -> None:
     transaction.on_commit(settle, using=alias)
 
 
+#: The prefix of the concurrency key given to a job with a rate limit and no concurrency key:
+#: the claim takes keyed jobs only on its longer way, which checks the key's rate window, and
+#: never walks the jobs of a full window (see django_jobs_claim, version 9).
+RATE_KEY_PREFIX = "rate:"
+
+
+def _controls(task: Task) -> dict[str, Any]:
+    """The columns of a job's limits: its concurrency key and limit, its rate key, limit and
+    window, and its deadline (``expires_at``, or ``expires_after`` seconds from the database's
+    ``now()``)."""
+    concurrency = task.concurrency
+    rate = task.rate
+    if concurrency is None and rate is not None:
+        concurrency = (RATE_KEY_PREFIX + rate[0], MAX_INT)
+    expires_after = task.expires_after
+    if isinstance(expires_after, timedelta):
+        expires_after = expires_after.total_seconds()
+    return {
+        "concurrency_key": concurrency[0] if concurrency else None,
+        "concurrency_limit": concurrency[1] if concurrency else None,
+        "rate_key": rate[0] if rate else None,
+        "rate_limit": rate[1].limit if rate else None,
+        "rate_period": rate[1].period if rate else None,
+        "expires_at": task.expires_at,
+        "expires_after": None if expires_after is None else float(expires_after),
+    }
+
+
+def _check_deadline(cursor: Cursor, params: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a deadline that has passed by the database's clock."""
+    if params["expires_at"] is None:
+        return
+    row = db.execute(cursor, query("deadline_passed"), {"expires_at": params["expires_at"]})
+    if row.fetchone()[0]:
+        raise InvalidOption(
+            f"expires_at {params['expires_at'].isoformat()} has passed: a job with a deadline in"
+            " the past would never run"
+        )
+
+
 def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
     run_at, delay = _run_after_params(task.run_after)
     # The span this enqueue happens in (a request's, a running job's), which the job's runs
@@ -250,8 +290,7 @@ def _params(task: Task, state: str, reason: str) -> dict[str, Any]:
         "delay": delay,
         "parent": _job_id(task.parent, "parent") if task.parent is not None else None,
         "unique_key": task.unique_key,
-        "concurrency_key": concurrency[0] if (concurrency := task.concurrency) else None,
-        "concurrency_limit": concurrency[1] if concurrency else None,
+        **_controls(task),
         "reason": reason,
         "trace_context": None if trace_context is None else _JSON.encode(trace_context),
     }
@@ -301,6 +340,10 @@ def _build(
         "concurrency_key": params["concurrency_key"],
         "concurrency_limit": params["concurrency_limit"],
         "trace_context": None if (text := params["trace_context"]) is None else json.loads(text),
+        "rate_key": params["rate_key"],
+        "rate_limit": params["rate_limit"],
+        "rate_period": params["rate_period"],
+        "expires_at": row.expires_at,
     }
     # from_db: a loaded instance (not adding, on ``alias``), made by Model.__init__'s positional
     # path, a third of the cost of keyword arguments; post_init is sent as for any query.
@@ -343,6 +386,7 @@ def enqueue(
         params = _params(task, *_initial_state(cursor, dependency_ids))
         params.update(args=args_json, kwargs=kwargs_json)
         _check_parent(cursor, params["parent"])
+        _check_deadline(cursor, params)
         while True:
             row = job_inserts.insert_job(cursor, params)
             if row is not None:
@@ -381,10 +425,12 @@ def enqueue_many(
     ):
         params = _params(task, *_initial_state(cursor, dependency_ids))
         _check_parent(cursor, params["parent"])
+        _check_deadline(cursor, params)
         reserve = {**params, "count": len(encoded)}
         reserved = job_inserts.reserve_jobs(cursor, reserve)
         ids, run_after, created_at = reserved.ids, reserved.run_after, reserved.created_at
         finished_at, parent_attempt = reserved.finished_at, reserved.parent_attempt
+        expires_at = reserved.expires_at
         # Rows differ only in id and arguments. The columns they share go in only where they
         # differ from the column's default (NULL, '', or now(), which is the same moment in
         # this transaction), which spares COPY their parsing.
@@ -407,6 +453,10 @@ def enqueue_many(
                 ("concurrency_key", "text", params["concurrency_key"]),
                 ("concurrency_limit", "int4", params["concurrency_limit"]),
                 ("trace_context", "text", params["trace_context"]),  # JSON text for jsonb
+                ("rate_key", "text", params["rate_key"]),
+                ("rate_limit", "int4", params["rate_limit"]),
+                ("rate_period", "int4", params["rate_period"]),
+                ("expires_at", "timestamptz", expires_at),
             )
             if value is not None
         ]
@@ -424,7 +474,15 @@ def enqueue_many(
             if len(ids) * len(dependency_ids) >= ANALYZE_AFTER:
                 transaction.on_commit(functools.partial(_analyze, alias), using=alias)
     row = job_inserts.InsertedJob(
-        ids[0], params["state"], 0, run_after, created_at, finished_at, parent_attempt, False
+        ids[0],
+        params["state"],
+        0,
+        run_after,
+        created_at,
+        finished_at,
+        parent_attempt,
+        False,
+        expires_at,
     )
     return _copies(_build(params, [], {}, row, alias), ids, encoded)
 

@@ -65,6 +65,8 @@ class ReapReport:
     actions: list[ReapAction] = dataclasses.field(default_factory=list)
     dry_run: bool = False
     repaired: list[int] = dataclasses.field(default_factory=list)
+    #: Pending jobs ended as expired: their deadline had passed before they started.
+    expired: list[int] = dataclasses.field(default_factory=list)
 
     def count(self, state: str | None) -> int:
         return sum(1 for a in self.actions if a.new_state == state)
@@ -81,6 +83,7 @@ class ReapReport:
             f"{self.count('error')} failed, {self.count('cancelled')} cancelled; "
             f"{self.count(None)} skipped"
             + (f"; settled {len(self.repaired)} waiting job(s)" if self.repaired else "")
+            + (f"; {len(self.expired)} expired" if self.expired else "")
         )
 
 
@@ -159,6 +162,13 @@ def reap_pass(
     report = ReapReport(dry_run=dry_run)
     with connections[conf.database_alias()].cursor() as cursor:
         if not dry_run:
+            report.expired = _expire_all(cursor)
+            for job_id in report.expired:
+                line = f"job {job_id} expired: it had not started by its deadline"
+                if emit:
+                    emit(line)
+                else:
+                    logger.warning(line, extra={"job_id": job_id})
             report.repaired = workflows.repair(cursor)
             for job_id in report.repaired:
                 line = f"settled job {job_id}: it was waiting with nothing left to wait for"
@@ -184,6 +194,17 @@ def reap_pass(
             for worker_id, verdict in sorted(verdicts.items()):
                 store.delete_worker_if_idle(cursor, worker_id, verdict.silence)
     return report
+
+
+def _expire_all(cursor: Cursor, batches: int = 100) -> list[int]:
+    """End the jobs past their deadline, a batch at a time (at most ``batches`` of them)."""
+    ended: list[int] = []
+    for _ in range(batches):
+        batch = workflows.expire_due(cursor)
+        ended += batch
+        if len(batch) < store.EXPIRE_BATCH:
+            break
+    return ended
 
 
 #: The longest wait between two passes while the database stays unreachable (unless the

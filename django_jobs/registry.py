@@ -9,12 +9,14 @@ themselves (:class:`~django_jobs.tasks.Task`, ``@job``, ``remote_job``) are in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption, JobsError, UnknownTask
+from django_jobs.rates import parse_rate
 from django_jobs.storable import unstorable
 
 if TYPE_CHECKING:
@@ -43,6 +45,10 @@ def validate_options(
     concurrency_key: Any = None,
     concurrency_limit: Any = None,
     expected_duration: Any = None,
+    rate_key: Any = None,
+    rate_limit: Any = None,
+    expires_after: Any = None,
+    expires_at: Any = None,
 ) -> None:
     """Raise :class:`InvalidOption` with a precise message for any out-of-range option."""
     why = unstorable(queue) if isinstance(queue, str) else None
@@ -112,6 +118,47 @@ def validate_options(
         raise InvalidOption(
             f"concurrency_limit must be an integer from 1 to {MAX_INT}, not {concurrency_limit!r}"
         )
+    _check_time_controls(rate_key, rate_limit, expires_after, expires_at)
+
+
+def _check_time_controls(
+    rate_key: Any, rate_limit: Any, expires_after: Any, expires_at: Any
+) -> None:
+    if rate_limit is not None:
+        parse_rate(rate_limit)
+    if rate_key is not None:
+        if not isinstance(rate_key, str) or not rate_key.strip() or len(rate_key) > 255:
+            raise InvalidOption(
+                f"rate_key must be a non-empty string of at most 255 characters, not {rate_key!r}"
+            )
+        if (why := unstorable(rate_key)) is not None:
+            raise InvalidOption(f"rate_key {why}")
+    if expires_after is not None and (
+        isinstance(expires_after, bool)
+        or not isinstance(expires_after, int | float | timedelta)
+        or not 0 < _seconds(expires_after) <= MAX_EXPIRY
+    ):
+        raise InvalidOption(
+            "expires_after must be a number of seconds (or a timedelta) greater than 0 and at"
+            f" most {MAX_EXPIRY} (10 years), not {expires_after!r}"
+        )
+    if expires_at is not None and (
+        not isinstance(expires_at, datetime)
+        or expires_at.tzinfo is None
+        or expires_at.utcoffset() is None
+    ):
+        raise InvalidOption(
+            f"expires_at must be an aware datetime (use django.utils.timezone), not {expires_at!r}"
+        )
+
+
+def _seconds(value: float | timedelta) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return seconds if math.isfinite(seconds) else -1.0
+
+
+#: The longest expires_after: ten years, in seconds.
+MAX_EXPIRY = 10 * 365 * 86400
 
 
 #: The largest max_attempts, timeout and expected_duration: the columns are PostgreSQL integers.

@@ -166,6 +166,9 @@ RELEASE = _transition("release", [State.RUNNING], [State.PENDING])
 #: until its worker stops it and ends the attempt (store.cancel_without_cascade, and the
 #: cascade to children in workflows.py).
 CANCEL = _transition("cancel", ACTIVE_STATES, [State.CANCELLED], unchanged=[State.RUNNING])
+#: A pending job whose deadline (``expires_at``) passed before it started ends cancelled, as
+#: expired (store.expire_due).
+EXPIRE = _transition("expire", [State.PENDING], [State.CANCELLED])
 #: The queued dependents of a job that ended without success are cancelled (a dependent runs
 #: only once its dependencies are all done).
 CANCEL_DEPENDENTS = _transition("cancel dependents", QUEUED_STATES, [State.CANCELLED])
@@ -190,6 +193,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     END_ATTEMPT,
     RELEASE,
     CANCEL,
+    EXPIRE,
     CANCEL_DEPENDENTS,
     PROMOTE,
     SETTLE_NEW,

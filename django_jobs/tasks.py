@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from django_jobs import conf
 from django_jobs.exceptions import InvalidOption, JobsError
+from django_jobs.rates import Rate, parse_rate
 from django_jobs.registry import BackoffPolicy, Runner, origin, registry, validate_options
 from django_jobs.storable import unstorable
 
@@ -52,12 +53,20 @@ class Task:
     # Seconds a job of this task is expected to run at most: past it, the django_jobs_alerts
     # view reports the job overdue (without it, a job far past the task's own p95 is).
     expected_duration: int | None = None
+    # At most N starts of the task (or of the call's rate_key) in any window: "10/s", "100/m",
+    # "10/2s" (rates.py).
+    rate_limit: str | None = None
+    # Seconds from enqueue after which a job that has not started never runs (it ends
+    # cancelled, as expired).
+    expires_after: float | timedelta | None = None
     # Per-call options, set through using():
     run_after: datetime | timedelta | None = None
     depends_on: tuple[Any, ...] = ()
     parent: Any = None
     unique_key: str | None = None
     concurrency_key: str | None = None
+    rate_key: str | None = None
+    expires_at: datetime | None = None
 
     def __post_init__(self) -> None:
         validate_options(
@@ -70,7 +79,16 @@ class Task:
             concurrency_key=self.concurrency_key,
             concurrency_limit=self.concurrency_limit,
             expected_duration=self.expected_duration,
+            rate_key=self.rate_key,
+            rate_limit=self.rate_limit,
+            expires_after=self.expires_after,
+            expires_at=self.expires_at,
         )
+        if self.rate_key is not None and self.rate_limit is None:
+            raise InvalidOption(
+                f"rate_key {self.rate_key!r} needs a rate limit: give the task one with"
+                " @job(rate_limit='10/s'), or the call with using(rate_limit=...)"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -92,12 +110,20 @@ class Task:
         unique_key: str | None = _UNSET,
         concurrency_key: str | None = _UNSET,
         concurrency_limit: int | None = _UNSET,
+        rate_key: str | None = _UNSET,
+        rate_limit: str | None = _UNSET,
+        expires_at: datetime | None = _UNSET,
+        expires_after: float | timedelta | None = _UNSET,
     ) -> Task:
         """Return a copy of this task with per-call options.
 
         ``run_after`` takes an aware datetime, or a timedelta counted from the database's
         ``now()`` at enqueue time. At most ``concurrency_limit`` running jobs share a
-        ``concurrency_key``, across all workers (see :attr:`concurrency`).
+        ``concurrency_key``, across all workers (see :attr:`concurrency`). At most
+        ``rate_limit`` attempts (``"10/s"``) of the jobs that share a ``rate_key`` start in any
+        window of its length (see :attr:`rate`). A job that has not started by ``expires_at``
+        (or ``expires_after`` seconds after its enqueue) never runs: it ends cancelled, as
+        expired.
         """
         changes: dict[str, Any] = {
             key: value
@@ -111,6 +137,10 @@ class Task:
                 "unique_key": unique_key,
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
+                "rate_key": rate_key,
+                "rate_limit": rate_limit,
+                "expires_at": expires_at,
+                "expires_after": expires_after,
             }.items()
             if value is not _UNSET
         }
@@ -157,6 +187,14 @@ class Task:
         return key, self.concurrency_limit if self.concurrency_limit is not None else 1
 
     @property
+    def rate(self) -> tuple[str, Rate] | None:
+        """The ``(key, rate)`` a job of this call is held to, or ``None``: the call's
+        ``rate_key``, else the task's name; the call's ``rate_limit``, else the task's."""
+        if self.rate_limit is None:
+            return None
+        return self.rate_key or self.name, parse_rate(self.rate_limit)
+
+    @property
     def effective_max_attempts(self) -> int:
         return self.max_attempts if self.max_attempts is not None else conf.default_max_attempts()
 
@@ -187,6 +225,8 @@ def job(
     schedule: str | None = None,
     concurrency_limit: int | None = None,
     expected_duration: int | None = None,
+    rate_limit: str | None = None,
+    expires_after: float | timedelta | None = None,
 ) -> Callable[[Callable[..., Any]], Task]: ...
 def job(
     func: Callable[..., Any] | None = None,
@@ -202,6 +242,8 @@ def job(
     schedule: str | None = None,
     concurrency_limit: int | None = None,
     expected_duration: int | None = None,
+    rate_limit: str | None = None,
+    expires_after: float | timedelta | None = None,
 ) -> Task | Callable[[Callable[..., Any]], Task]:
     """Register a function as a job task. Works bare (``@job``) or with options.
 
@@ -217,6 +259,11 @@ def job(
     ``expected_duration`` (seconds) is how long a job of the task should run at most: one
     running longer is reported by the ``django_jobs_alerts`` view and ``manage.py jobsalerts``
     (without it, one running far past the task's own p95 is; see docs/operations.md).
+    ``rate_limit`` (``"10/s"``, ``"100/m"``, ``"1000/h"``, ``"10/2s"``, ``"5/30m"``) lets at most
+    that many attempts of the task start in any window of that length, across all workers: per
+    ``using(rate_key=...)`` when the call gives a key. ``expires_after`` (seconds) is a deadline
+    counted from each enqueue: a job that has not started by then never runs, and ends
+    cancelled, as expired.
     """
 
     def decorate(f: Callable[..., Any]) -> Task:
@@ -234,6 +281,8 @@ def job(
             schedule=schedule,
             concurrency_limit=concurrency_limit,
             expected_duration=expected_duration,
+            rate_limit=rate_limit,
+            expires_after=expires_after,
         )
         return registry.register(task)
 
@@ -251,6 +300,8 @@ def remote_job(
     timeout: int | None = None,
     concurrency_limit: int | None = None,
     expected_duration: int | None = None,
+    rate_limit: str | None = None,
+    expires_after: float | timedelta | None = None,
 ) -> Task:
     """Declare a task that workers of the HTTP API run (in another language, another cluster),
     so that its jobs can be enqueued here, checked like any other: ``remote_job("ml.train",
@@ -268,6 +319,8 @@ def remote_job(
         timeout=timeout,
         concurrency_limit=concurrency_limit,
         expected_duration=expected_duration,
+        rate_limit=rate_limit,
+        expires_after=expires_after,
         remote=True,
     )
     return registry.register(task)
@@ -275,7 +328,16 @@ def remote_job(
 
 #: The options a remote task takes, in ``JOBS_REMOTE_TASKS`` as in :func:`remote_job`.
 REMOTE_OPTIONS = frozenset(
-    {"queue", "priority", "max_attempts", "timeout", "concurrency_limit", "expected_duration"}
+    {
+        "queue",
+        "priority",
+        "max_attempts",
+        "timeout",
+        "concurrency_limit",
+        "expected_duration",
+        "rate_limit",
+        "expires_after",
+    }
 )
 
 

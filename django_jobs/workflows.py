@@ -315,6 +315,13 @@ def cancel_batch_with_cascade(
     """:func:`cancel_with_cascade` for one small batch, without coming back for the jobs another
     transaction held (they are ``busy`` in the result)."""
     changes = store.cancel_without_cascade(cursor, ids, reason)
+    _cascade(cursor, changes)
+    return changes
+
+
+def _cascade(cursor: Cursor, changes: store.Changes) -> None:
+    """What follows from the cancellation of ``changes``' jobs: their descendants are
+    cancelled, and the dependents of those that ended."""
     settling = Settling()
     for entry in changes.changed:
         if entry.linked:
@@ -323,7 +330,15 @@ def cancel_batch_with_cascade(
             if entry.state == State.CANCELLED:
                 settling.todo.append(("settle", entry.job_id))
     settling.run_to_end(cursor)
-    return changes
+
+
+def expire_due(cursor: Cursor, limit: int = store.EXPIRE_BATCH) -> list[int]:
+    """End pending jobs whose deadline (``expires_at``) has passed, cancelled as expired, and
+    cancel their dependents as for any cancelled dependency: a batch of at most ``limit``.
+    Returns the ids ended."""
+    changes = store.expire_due(cursor, limit)
+    _cascade(cursor, changes)
+    return [entry.job_id for entry in changes.changed]
 
 
 class _Unsettled(NamedTuple):

@@ -129,6 +129,8 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_ATTEMPT_LOG_BYTES", int),
     ("JOBS_CAPTURE_LOG_LEVEL", str),
     ("JOBS_QUEUE_LIMITS", json.loads),
+    ("JOBS_QUEUE_RATE_LIMITS", json.loads),
+    ("JOBS_FAIR_QUEUES", json.loads),
     ("JOBS_API_CONNECTIONS", int),
     ("JOBS_API_MAX_WAIT", float),
     ("JOBS_READ_DATABASE", str),

@@ -623,6 +623,10 @@ OPTIONS = (
     "run_after",
     "delay",
     "depends_on",
+    "rate_key",
+    "rate_limit",
+    "expires_at",
+    "expires_after",
 )
 
 
@@ -651,22 +655,9 @@ def call(body: dict[str, Any]) -> Call:
     options = {name: value for name, value in raw.items() if value is not None}
     if "run_after" in options and "delay" in options:
         raise ApiError(400, "give run_after or delay, not both", "options.delay")
-    if "run_after" in options:
-        text = options["run_after"]
-        try:
-            moment = datetime.datetime.fromisoformat(text) if isinstance(text, str) else None
-            if moment is not None and moment.tzinfo is not None:
-                # In UTC, as it is stored: a time of year 1 or 9999 in a zone may fall outside.
-                moment = moment.astimezone(datetime.UTC)
-        except (ValueError, OverflowError):
-            moment = None
-        if moment is None or moment.tzinfo is None:
-            raise ApiError(
-                400,
-                "run_after must be an ISO 8601 time with its zone, from year 1 to 9999 in UTC",
-                "options.run_after",
-            )
-        options["run_after"] = moment
+    for name in ("run_after", "expires_at"):
+        if name in options:
+            options[name] = _moment_option(options[name], name)
     if "delay" in options:
         delay = seconds(options, "delay", 0.0, 366 * 86400 * 100, label="options.delay")
         options["run_after"] = datetime.timedelta(seconds=delay)
@@ -674,6 +665,23 @@ def call(body: dict[str, Any]) -> Call:
     if "depends_on" in options:
         options["depends_on"] = job_ids(options, "depends_on", label="options.depends_on")
     return Call(task, args, kwargs, options)
+
+
+def _moment_option(text: Any, name: str) -> datetime.datetime:
+    try:
+        moment = datetime.datetime.fromisoformat(text) if isinstance(text, str) else None
+        if moment is not None and moment.tzinfo is not None:
+            # In UTC, as it is stored: a time of year 1 or 9999 in a zone may fall outside.
+            moment = moment.astimezone(datetime.UTC)
+    except (ValueError, OverflowError):
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ApiError(
+            400,
+            f"{name} must be an ISO 8601 time with its zone, from year 1 to 9999 in UTC",
+            f"options.{name}",
+        )
+    return moment
 
 
 def option_field(message: str) -> str:

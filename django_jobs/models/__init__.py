@@ -2,7 +2,8 @@
 (:mod:`~django_jobs.models.job`), their attempts (:mod:`~django_jobs.models.attempt`) and
 dependencies (:mod:`~django_jobs.models.dependency`), steps (:mod:`~django_jobs.models.step`),
 live workers (:mod:`~django_jobs.models.live_worker`), periodic jobs
-(:mod:`~django_jobs.models.schedule`), queue controls (:mod:`~django_jobs.models.queue_control`),
+(:mod:`~django_jobs.models.schedule`), queue controls and rate windows
+(:mod:`~django_jobs.models.queue_control`),
 API tokens (:mod:`~django_jobs.models.api_token`), the thresholds of the alerts view
 (:mod:`~django_jobs.models.alert_threshold`) and the hourly rollups
 (:mod:`~django_jobs.models.rollup`). Tables and constraints only: what changes
@@ -14,7 +15,7 @@ from django_jobs.models.attempt import Attempt
 from django_jobs.models.dependency import Dependency
 from django_jobs.models.job import Dashboard, Job, TransactionNow
 from django_jobs.models.live_worker import Worker
-from django_jobs.models.queue_control import Queue
+from django_jobs.models.queue_control import Queue, RateWindow
 from django_jobs.models.rollup import Rollup, RollupState, RollupTotal
 from django_jobs.models.schedule import Schedule, ScheduleTick
 from django_jobs.models.step import Step
@@ -36,6 +37,7 @@ __all__ = [
     "Dependency",
     "Job",
     "Queue",
+    "RateWindow",
     "Rollup",
     "RollupState",
     "RollupTotal",

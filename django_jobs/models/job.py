@@ -93,6 +93,25 @@ class Job(models.Model):
         help_text="At most concurrency_limit running jobs share this key, across all workers.",
     )
     concurrency_limit = models.IntegerField(null=True, blank=True, editable=False)
+    # A rate limit (rates.py): at most rate_limit starts of rate_key's jobs in any window of
+    # rate_period seconds, counted in django_jobs_rate. All three NULL: no rate limit.
+    rate_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="At most rate_limit attempts of jobs with this key start in any window of "
+        "rate_period seconds, across all workers.",
+    )
+    rate_limit = models.IntegerField(null=True, blank=True, editable=False)
+    rate_period = models.IntegerField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="A job that has not started by then is never claimed: it ends cancelled, as "
+        "expired. Empty: no deadline.",
+    )
     #: The job's cursors (``context.save_cursor``), by name: ``{"name": {"value": ..., "attempt":
     #: 2, "saved_at": "..."}}``, kept across attempts. Written in place with the run's progress
     #: (no index covers it, so the update stays HOT); NULL for a job that saved none.
@@ -143,6 +162,13 @@ class Job(models.Model):
                 condition=Q(concurrency_key__isnull=True, concurrency_limit__isnull=True)
                 | Q(concurrency_key__isnull=False, concurrency_limit__gte=1),
                 name="job_concurrency_limit_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    rate_key__isnull=True, rate_limit__isnull=True, rate_period__isnull=True
+                )
+                | Q(rate_key__isnull=False, rate_limit__gte=1, rate_period__gte=1),
+                name="job_rate_limit_positive",
             ),
             # At most one active job per unique_key; see enqueue.py for how duplicates resolve.
             models.UniqueConstraint(
@@ -197,6 +223,13 @@ class Job(models.Model):
                 "concurrency_key",
                 name="job_running_key_idx",
                 condition=Q(state=State.RUNNING, concurrency_key__isnull=False),
+            ),
+            # The expiry pass (store.expire_due): pending jobs with a deadline, soonest first.
+            # Only those are in it, so jobs without a deadline cost it nothing.
+            models.Index(
+                "expires_at",
+                name="job_expiry_idx",
+                condition=Q(state=State.PENDING, expires_at__isnull=False),
             ),
             # Reaper, heartbeat checks and startup recovery: running jobs by worker.
             models.Index(

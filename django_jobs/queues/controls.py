@@ -6,6 +6,11 @@
   change takes effect at the next claim, with no restart.
 - A **queue limit** (``JOBS_QUEUE_LIMITS = {"gpu": 4}``, the admin, ``manage.py jobqueue
   limit``) caps the queue's running jobs across all workers.
+- A **rate limit** (``JOBS_QUEUE_RATE_LIMITS = {"emails": "100/m"}``, the admin, :func:`set_rate`)
+  lets at most that many of the queue's jobs start in any window of that length; a task's or a
+  key's rate limit (``@job(rate_limit="10/s")``, ``.using(rate_key=...)``) does the same for
+  its jobs. See ``django_jobs_rate_room`` in django_jobs/store/sql/functions/.
+- A **fair** queue (``JOBS_FAIR_QUEUES``) is claimed round-robin across its keys.
 - A **key limit** (``@job(concurrency_limit=1)``, ``.using(concurrency_key="import:42")``) caps
   the running jobs that share the key; see :attr:`django_jobs.tasks.Task.concurrency`.
 
@@ -32,6 +37,7 @@ from django_jobs import conf
 from django_jobs.cursor import Cursor
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
+from django_jobs.rates import Rate, parse_rate
 from django_jobs.registry import MAX_INT, registry
 from django_jobs.store import db
 from django_jobs.store.sql import query
@@ -84,6 +90,25 @@ def check_limits(value: Any) -> dict[str, int]:
     return limits
 
 
+def check_rates(value: Any) -> dict[str, Rate]:
+    """``JOBS_QUEUE_RATE_LIMITS`` checked: a dict of queue name to rate."""
+    if not isinstance(value, Mapping):
+        raise InvalidOption(
+            f"JOBS_QUEUE_RATE_LIMITS must be a dict like {{'emails': '100/m'}}, not {value!r}"
+        )
+    return {
+        _check_name(name): parse_rate(rate, f"JOBS_QUEUE_RATE_LIMITS[{name!r}]")
+        for name, rate in value.items()
+    }
+
+
+def check_fair(value: Any) -> list[str]:
+    """``JOBS_FAIR_QUEUES`` checked: a list of queue names."""
+    if not isinstance(value, list):
+        raise InvalidOption(f"JOBS_FAIR_QUEUES must be a list like ['imports'], not {value!r}")
+    return [_check_name(name) for name in value]
+
+
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 100:
         raise InvalidOption(
@@ -97,9 +122,12 @@ def known(alias: str | None = None) -> set[str]:
     queues, ``JOBS_QUEUE_LIMITS``, queue controls, live workers' queues and unfinished jobs'."""
     alias = alias or conf.database_alias()
     names = {*registry.queues()}
-    limits = conf.queue_limits()
-    if isinstance(limits, Mapping):
-        names.update(limits)
+    for setting in (conf.queue_limits(), conf.queue_rate_limits()):
+        if isinstance(setting, Mapping):
+            names.update(name for name in setting if isinstance(name, str))
+    fair = conf.fair_queues()
+    if isinstance(fair, list):
+        names.update(name for name in fair if isinstance(name, str))
     with connections[alias].cursor() as cursor:
         rows = db.execute(cursor, query("known_queues")).fetchall()
     names.update(name for (name,) in rows if name)
@@ -160,22 +188,64 @@ def set_limit(
         )
 
 
+def set_rate(
+    name: str,
+    rate: str | Rate | None,
+    source: str = Queue.LimitSource.ADMIN,
+    alias: str | None = None,
+) -> None:
+    """Let at most ``rate`` (``"100/m"``) of queue ``name``'s jobs start in any window of its
+    length, across all workers (``None``: no rate limit). From the admin or ``jobqueue`` (the
+    default), it wins over ``JOBS_QUEUE_RATE_LIMITS`` until set back with
+    ``source="settings"``."""
+    alias = alias or conf.database_alias()
+    name = _require_known(name, alias)
+    checked = None if rate is None else parse_rate(rate)
+    if source == Queue.LimitSource.SETTINGS:
+        checked = check_rates(conf.queue_rate_limits()).get(name)
+    params = {
+        "name": name,
+        "limit": None if checked is None else checked.limit,
+        "period": None if checked is None else checked.period,
+        "source": source if checked is not None or source == Queue.LimitSource.ADMIN else "",
+    }
+    with db.atomic(alias), connections[alias].cursor() as cursor:
+        db.execute(cursor, query("set_queue_rate"), params)
+
+
 def sync_limits(cursor: Cursor | None = None) -> None:
-    """Write ``JOBS_QUEUE_LIMITS`` into the queue table (a worker does this when it starts), in
-    one statement: limits set from settings follow them; limits set in the admin or by
-    ``jobqueue`` stay. An invalid setting (``manage.py check`` reports it) is logged and left
-    out."""
+    """Write ``JOBS_QUEUE_LIMITS``, ``JOBS_QUEUE_RATE_LIMITS`` and ``JOBS_FAIR_QUEUES`` into the
+    queue table (a worker does this when it starts), a statement each: limits and rates set from
+    settings follow them; those set in the admin or by ``jobqueue`` stay. An invalid setting
+    (``manage.py check`` reports it) is logged and left out."""
+    if cursor is None:
+        with connections[conf.database_alias()].cursor() as own:
+            _sync(own)
+    else:
+        _sync(cursor)
+
+
+def _sync(cursor: Cursor) -> None:
     try:
         limits = check_limits(conf.queue_limits())
     except InvalidOption as error:
         log.error("JOBS_QUEUE_LIMITS not synced: %s", error)
-        return
-    params = {"names": list(limits), "limits": list(limits.values())}
-    if cursor is None:
-        with connections[conf.database_alias()].cursor() as own:
-            db.execute(own, query("sync_queue_limits"), params)
     else:
+        params = {"names": list(limits), "limits": list(limits.values())}
         db.execute(cursor, query("sync_queue_limits"), params)
+    try:
+        rates = check_rates(conf.queue_rate_limits())
+        fair = check_fair(conf.fair_queues())
+    except InvalidOption as error:
+        log.error("JOBS_QUEUE_RATE_LIMITS and JOBS_FAIR_QUEUES not synced: %s", error)
+        return
+    params = {
+        "names": list(rates),
+        "limits": [rate.limit for rate in rates.values()],
+        "periods": [rate.period for rate in rates.values()],
+        "fair": fair,
+    }
+    db.execute(cursor, query("sync_queue_rates"), params)
 
 
 def states(alias: str | None = None) -> list[QueueState]:

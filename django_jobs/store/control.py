@@ -90,6 +90,20 @@ def cancel_without_cascade(
     return result
 
 
+#: How many jobs past their deadline one expiry statement ends, at most.
+EXPIRE_BATCH = 100
+
+
+def expire_due(cursor: Cursor, limit: int = EXPIRE_BATCH) -> Changes:
+    """End pending jobs whose deadline has passed (``expire_due``): ``changed`` has a
+    :class:`Cancelled` per job ended, for the cascade (workflows.expire_due)."""
+    result = Changes()
+    rows = db.fetch_all_as(db.execute(cursor, query("expire_due"), {"limit": limit}), _CancelRow)
+    for row in rows:
+        result.changed.append(Cancelled(row.id, row.state, row.linked))
+    return result
+
+
 # Retry and run-now are operators' actions (the admin, Job.retry(), Job.run_now()); the
 # single-job functions use the set-based forms.
 

@@ -25,6 +25,8 @@ class InsertedJob(NamedTuple):
     finished_at: datetime | None
     parent_attempt: int | None
     notified: bool
+    #: The job's deadline (expires_at; given, or expires_after from the database's clock).
+    expires_at: datetime | None = None
 
 
 class Reserved(NamedTuple):
@@ -36,6 +38,7 @@ class Reserved(NamedTuple):
     finished_at: datetime | None
     notified: bool
     parent_attempt: int | None
+    expires_at: datetime | None
 
 
 def insert_job(cursor: Cursor, params: dict[str, Any]) -> InsertedJob | None:

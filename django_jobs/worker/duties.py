@@ -53,6 +53,11 @@ class DatabaseDuties(Protocol):
         """Enqueue the due ticks of the schedules of ``tasks``."""
         ...
 
+    def expire_due(self) -> list[int]:
+        """End a batch of pending jobs past their deadline, cancelled as expired, with their
+        dependents (:func:`django_jobs.workflows.expire_due`); the ids ended."""
+        ...
+
     def roll_up(self, span: timedelta) -> Rolled | None:
         """Roll up at most ``span`` of closed hours (:func:`django_jobs.rollups.roll_up_once`)."""
         ...
@@ -97,6 +102,10 @@ class PostgresDuties:
     def fire_schedules(self, tasks: list[str]) -> ticks.FirePass:
         with self.connection.cursor() as cursor:
             return ticks.fire_due(cursor, tasks)
+
+    def expire_due(self) -> list[int]:
+        with self.connection.cursor() as cursor:
+            return workflows.expire_due(cursor)
 
     def roll_up(self, span: timedelta) -> Rolled | None:
         with self.connection.cursor() as cursor:

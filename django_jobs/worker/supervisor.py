@@ -41,6 +41,7 @@ from django_jobs.store import ClaimedJob
 from django_jobs.store.connection import QueueConnection
 from django_jobs.worker.deploys import UnknownTasks
 from django_jobs.worker.duties import DatabaseDuties, PostgresDuties, start_up
+from django_jobs.worker.expiry_pass import ExpiryPass
 from django_jobs.worker.heartbeats import Heartbeats, this_worker
 from django_jobs.worker.live import LiveWrites
 from django_jobs.worker.observer import Observer
@@ -137,6 +138,7 @@ class Supervisor:
         self.gate = QueueGate(self.db, round_trip)
         self.scheduler = Scheduler(duties, self.gate, enabled=scheduler)
         self.rollups = RollupPass(duties, self.gate)
+        self.expiry = ExpiryPass(duties, self.gate)
         self.outbox = Outbox(self.gate)
         self.live = LiveWrites(
             self.db, self.outbox, conf.progress_interval(), cursor_interval=conf.cursor_interval()
@@ -270,6 +272,7 @@ class Supervisor:
             self.recovered = start_up(self.duties, self.gate, self.info)
         self.scheduler.step(self.stopping)
         self.rollups.step(self.stopping)
+        self.expiry.step(self.stopping)
         if now >= self.next_poll:
             self.queue_may_have_work = True
         if self.wakeup is not None:
@@ -362,7 +365,12 @@ class Supervisor:
             or self.outbox
         ):
             return 0.0
-        moments = [self.heartbeats.next_at, self.scheduler.due_at, self.rollups.due_at]
+        moments = [
+            self.heartbeats.next_at,
+            self.scheduler.due_at,
+            self.rollups.due_at,
+            self.expiry.due_at,
+        ]
         if self.grace_deadline is not None:
             moments.append(self.grace_deadline)
         return max(0.0, min(self.long_poll, min(moments) - time.monotonic()))
@@ -400,7 +408,12 @@ class Supervisor:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        moments = [self.heartbeats.next_at, self.scheduler.due_at, self.rollups.due_at]
+        moments = [
+            self.heartbeats.next_at,
+            self.scheduler.due_at,
+            self.rollups.due_at,
+            self.expiry.due_at,
+        ]
         # While claims are held back (a database backoff, no recent heartbeat, stopping), a
         # poll is no reason to wake: what ends the hold is a moment below, or an event.
         if self._can_claim():

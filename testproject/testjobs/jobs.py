@@ -315,6 +315,31 @@ def import_customer(customer: int, seconds: float = 0.0) -> int:
     return customer
 
 
+@job(name="tests.rated", rate_limit="10/2s", max_attempts=1)
+def rated(note: str = "", seconds: float = 0.0) -> str:
+    """At most 10 starts in any 2 s, per rate key (the call's, else the task's name)."""
+    time.sleep(seconds)
+    return note
+
+
+@job(name="tests.rated_retry", rate_limit="3/2s", max_attempts=3, retry_backoff=(0.0, 0.0))
+def rated_retry() -> None:
+    """Fails every attempt: each retry is a start of its own."""
+    raise RuntimeError("always")
+
+
+@job(name="tests.tenant_import", queue="imports", max_attempts=1)
+def tenant_import(tenant: str, n: int = 0, seconds: float = 0.0) -> str:
+    """A tenant's import, in the fair queue of the tests' settings."""
+    time.sleep(seconds)
+    return f"{tenant}:{n}"
+
+
+@job(name="tests.expiring", expires_after=60, max_attempts=1)
+def expiring(note: str = "") -> str:
+    return note
+
+
 @job(name="tests.asks_if_cancelled", takes_context=True, max_attempts=1)
 def asks_if_cancelled(context: JobContext) -> bool:
     """Return what the run's context says: whether it should stop."""

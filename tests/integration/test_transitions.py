@@ -331,6 +331,8 @@ FUNCTIONS = (
     store.FINISH_FUNCTION,
     "django_jobs_keyed_candidate",
     "django_jobs_free_candidate",
+    "django_jobs_rate_room",
+    "django_jobs_rate_take",
 )
 
 

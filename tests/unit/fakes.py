@@ -296,6 +296,11 @@ class FakeQueue:
         """No hour to roll up."""
         self._call("rollups")
 
+    def expire_due(self) -> list[int]:
+        """No job past its deadline."""
+        self._call("expiry")
+        return []
+
     def sync_schedules(self) -> SyncReport:
         self._call("sync_schedules")
         return SyncReport()

@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
         "apiclient",
         "runtime",
         "schedules.cron",
+        "rates",
     },
     # the tables, the connection helpers and the SQL they run, the task registry (the workers'
     # allow-list)

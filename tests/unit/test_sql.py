@@ -127,6 +127,8 @@ def test_each_function_file_makes_the_function_and_version_it_is_named_for() -> 
         "django_jobs_free_candidate",
         "django_jobs_setting",
         "django_jobs_checkpoint",
+        "django_jobs_rate_room",
+        "django_jobs_rate_take",
     }
 
 

@@ -364,6 +364,7 @@ def test_the_statements_found_are_the_ones_expected() -> None:
         "release": "release",
         "hand_back": "release",
         "cancel_many": "cancel",
+        "expire_due": "expire",
         "retry_many": "retry",
         "promote": "promote",
         "cancel_dependents": "cancel dependents",

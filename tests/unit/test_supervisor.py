@@ -385,6 +385,7 @@ def test_an_idle_worker_long_polls_until_its_next_heartbeat_and_not_while_a_job_
     clock: Clock, settings
 ) -> None:
     settings.JOBS_ROLLUP_INTERVAL = 0  # no rollup pass due before the heartbeat
+    settings.JOBS_EXPIRY_INTERVAL = 0  # nor an expiry pass
     queue = FakeQueue(clock)
     executors = FakeExecutors(clock)
     worker = supervisor(queue, executors, concurrency=2, long_poll=30.0)

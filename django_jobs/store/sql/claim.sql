@@ -41,7 +41,7 @@ LEFT JOIN LATERAL django_jobs_checkpoint(c.id) AS k ON true
 -- name: keyed_candidate
 -- The keyed candidate of a claim, for reading its plan (functions/ has the function).
 SELECT * FROM django_jobs_keyed_candidate(%(queues)s::text[], %(closed)s::text[],
-                                          %(skip_tasks)s::text[], '{}', '{}')
+                                          %(skip_tasks)s::text[], '{}', '{}', '{}')
 
 -- name: free_candidate
 -- The candidate without a key, for reading its plan.

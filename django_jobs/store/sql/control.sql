@@ -91,3 +91,29 @@ SELECT id, 'ready' AS what FROM changed
 UNION ALL
 SELECT j.id, 'busy' FROM django_jobs_job j
 WHERE j.id = ANY(%(ids)s) AND j.state = 'pending' AND j.id NOT IN (SELECT id FROM locked)
+
+-- name: expire_due
+-- transition: expire
+-- Pending jobs whose deadline (expires_at) has passed, by the database's clock, end cancelled
+-- with a reason that says so: %(limit)s at most, soonest deadline first, locked SKIP LOCKED (a
+-- job another transaction holds is left for the next pass). No claim can take such a job (every
+-- branch of django_jobs_claim requires expires_at > now()), so this never races a start. Says
+-- whether each job has children or dependents, for the cascade (workflows.expire_due).
+-- Index: job_expiry_idx (pending jobs with a deadline only: empty without deadlines).
+WITH due AS (
+    SELECT j.id FROM django_jobs_job j
+    WHERE j.state = 'pending' AND j.expires_at IS NOT NULL AND j.expires_at <= now()
+    ORDER BY j.expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE django_jobs_job j
+SET state = 'cancelled', cancel_requested = true, finished_at = now(),
+    error = 'expired: not started by its deadline, '
+            || to_char(j.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
+FROM due
+WHERE j.id = due.id AND j.state = 'pending'
+RETURNING j.id, j.state,
+          (EXISTS (SELECT 1 FROM django_jobs_job c WHERE c.parent_id = j.id)
+           OR EXISTS (SELECT 1 FROM django_jobs_dependency d WHERE d.depends_on_id = j.id))
+          AS linked

@@ -13,15 +13,18 @@
 -- quarter of insert_job's time. Everything else is insert_job's, the NOTIFY included.
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
                              run_after, error, finished_at, concurrency_key, concurrency_limit,
-                             trace_context)
+                             trace_context, rate_key, rate_limit, rate_period, expires_at)
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
         %(reason)s, CASE WHEN %(state)s = 'cancelled' THEN now() END,
-        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb)
+        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb,
+        %(rate_key)s, %(rate_limit)s, %(rate_period)s,
+        COALESCE(%(expires_at)s::timestamptz,
+                 now() + make_interval(secs => %(expires_after)s::float8)))
 RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt,
     (CASE WHEN state = 'pending' AND run_after <= now()
-          THEN pg_notify('django_jobs', queue) END) IS NULL AS notified
+          THEN pg_notify('django_jobs', queue) END) IS NULL AS notified, expires_at
 
 -- name: insert_job
 -- transition: enqueue
@@ -31,23 +34,29 @@ RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt
 -- The last column wakes idle workers (LISTEN in worker/wakeup.py) when the job is ready now:
 -- the notification is delivered when the enqueueing transaction commits, and never if it rolls
 -- back. It carries only the queue name. trace_context is the W3C trace context of the span the
--- job is enqueued in (runtime/tracing.py), NULL outside one.
+-- job is enqueued in (runtime/tracing.py), NULL outside one. expires_at is a given deadline or
+-- the database clock plus expires_after seconds (NULL: none); rate_key, rate_limit and
+-- rate_period are the job's rate limit (rates.py).
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, timeout,
                              run_after, parent_id, parent_attempt, unique_key, error, finished_at,
-                             concurrency_key, concurrency_limit, trace_context)
+                             concurrency_key, concurrency_limit, trace_context, rate_key,
+                             rate_limit, rate_period, expires_at)
 VALUES (%(task)s, %(queue)s, %(priority)s, %(state)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(max_attempts)s, %(timeout)s,
         COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
         %(parent)s, (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s),
         %(unique_key)s, %(reason)s,
         CASE WHEN %(state)s = 'cancelled' THEN now() END,
-        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb)
+        %(concurrency_key)s, %(concurrency_limit)s, %(trace_context)s::jsonb,
+        %(rate_key)s, %(rate_limit)s, %(rate_period)s,
+        COALESCE(%(expires_at)s::timestamptz,
+                 now() + make_interval(secs => %(expires_after)s::float8)))
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                            AND state IN ('waiting', 'pending', 'running')
 DO NOTHING
 RETURNING id, state, attempt, run_after, created_at, finished_at, parent_attempt,
     (CASE WHEN state = 'pending' AND run_after <= now()
-          THEN pg_notify('django_jobs', queue) END) IS NULL AS notified
+          THEN pg_notify('django_jobs', queue) END) IS NULL AS notified, expires_at
 
 -- name: reserve_jobs
 -- Bulk enqueue writes its rows with COPY, the fastest way into a table. First, in this
@@ -61,7 +70,9 @@ SELECT ARRAY(SELECT nextval(pg_get_serial_sequence('django_jobs_job', 'id'))
        CASE WHEN %(state)s = 'cancelled' THEN now() END AS finished_at,
        (CASE WHEN %(state)s = 'pending' AND r.run_after <= now()
              THEN pg_notify('django_jobs', %(queue)s) END) IS NULL AS notified,
-       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s) AS parent_attempt
+       (SELECT p.attempt FROM django_jobs_job p WHERE p.id = %(parent)s) AS parent_attempt,
+       COALESCE(%(expires_at)s::timestamptz,
+                now() + make_interval(secs => %(expires_after)s::float8)) AS expires_at
 FROM (SELECT COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
              AS run_after) r
 
@@ -100,3 +111,7 @@ SELECT 1 FROM django_jobs_job WHERE id = %(parent)s
 -- more later), the planner would think the new fan-out tiny, and page through it with plans
 -- that read all of it for every page.
 ANALYZE django_jobs_job, django_jobs_dependency
+
+-- name: deadline_passed
+-- Whether a deadline given at enqueue has passed by the database's clock (enqueue refuses it).
+SELECT %(expires_at)s::timestamptz <= now()

@@ -83,3 +83,49 @@ SELECT c.name, coalesce(q.paused, false), q.paused_at, coalesce(q.paused_by, '')
 FROM unnest(%(names)s::text[]) AS c(name)
 LEFT JOIN django_jobs_queue q ON q.name = c.name
 ORDER BY c.name
+
+-- name: sync_queue_rates
+-- JOBS_QUEUE_RATE_LIMITS and JOBS_FAIR_QUEUES into the table: %(names)s with %(limits)s starts
+-- per %(periods)s seconds, and %(fair)s the fair queues. Rates that came from settings follow
+-- them (and go when the setting does); a rate set in the admin or by jobqueue stays. A queue is
+-- fair exactly while JOBS_FAIR_QUEUES names it.
+WITH wanted AS (
+    SELECT * FROM unnest(%(names)s::text[], %(limits)s::int[], %(periods)s::int[])
+        AS w(name, rate_limit, rate_period)
+), fair AS (
+    SELECT unnest(%(fair)s::text[]) AS name
+), upserted AS (
+    INSERT INTO django_jobs_queue (name, rate_limit, rate_period, rate_source, fair, updated_at)
+    SELECT coalesce(w.name, f.name), w.rate_limit, w.rate_period,
+           CASE WHEN w.name IS NOT NULL THEN 'settings' ELSE '' END, f.name IS NOT NULL, now()
+    FROM wanted w FULL JOIN fair f ON f.name = w.name
+    ON CONFLICT (name) DO UPDATE
+    SET rate_limit = CASE WHEN django_jobs_queue.rate_source = 'admin'
+                          THEN django_jobs_queue.rate_limit ELSE EXCLUDED.rate_limit END,
+        rate_period = CASE WHEN django_jobs_queue.rate_source = 'admin'
+                           THEN django_jobs_queue.rate_period ELSE EXCLUDED.rate_period END,
+        rate_source = CASE WHEN django_jobs_queue.rate_source = 'admin' THEN 'admin'
+                           WHEN EXCLUDED.rate_limit IS NULL THEN '' ELSE 'settings' END,
+        fair = EXCLUDED.fair, updated_at = now()
+    WHERE (django_jobs_queue.rate_source <> 'admin'
+           AND (django_jobs_queue.rate_limit, django_jobs_queue.rate_period)
+               IS DISTINCT FROM (EXCLUDED.rate_limit, EXCLUDED.rate_period))
+       OR django_jobs_queue.fair IS DISTINCT FROM EXCLUDED.fair
+)
+UPDATE django_jobs_queue q
+SET rate_limit = CASE WHEN q.rate_source = 'settings' THEN NULL ELSE q.rate_limit END,
+    rate_period = CASE WHEN q.rate_source = 'settings' THEN NULL ELSE q.rate_period END,
+    rate_source = CASE WHEN q.rate_source = 'settings' THEN '' ELSE q.rate_source END,
+    fair = false, updated_at = now()
+WHERE (q.rate_source = 'settings' OR q.fair)
+  AND q.name NOT IN (SELECT name FROM wanted UNION SELECT name FROM fair)
+
+-- name: set_queue_rate
+-- A rate limit from the admin or jobqueue (%(limit)s starts per %(period)s seconds), or NULLs
+-- for none. Idle workers are woken: a higher rate frees starts.
+INSERT INTO django_jobs_queue (name, rate_limit, rate_period, rate_source, updated_at)
+VALUES (%(name)s, %(limit)s, %(period)s, %(source)s, now())
+ON CONFLICT (name) DO UPDATE
+SET rate_limit = EXCLUDED.rate_limit, rate_period = EXCLUDED.rate_period,
+    rate_source = EXCLUDED.rate_source, updated_at = now()
+RETURNING pg_notify('django_jobs', name) IS NULL
