@@ -215,11 +215,20 @@ def _measure_claim(conn: Any, claims: int) -> dict[str, Any]:
 # runs the claims, and removes them again.
 _HELD = """
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, max_attempts, run_after,
-                             concurrency_key, concurrency_limit)
+                             concurrency_key, concurrency_limit, rate_key, rate_limit,
+                             rate_period, expires_at)
 SELECT 'bench.noop', %(queue)s, 5, 'pending', '[]', '{}', 3, now() - interval '2 hours',
        %(key)s::text || CASE WHEN %(keys)s::int > 1 THEN (g %% %(keys)s::int)::text ELSE '' END,
-       CASE WHEN %(key)s::text IS NOT NULL THEN %(limit)s::int END
+       CASE WHEN %(key)s::text IS NOT NULL THEN %(limit)s::int END,
+       %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::int,
+       CASE WHEN %(expired)s THEN now() - interval '1 minute' END
 FROM generate_series(1, %(count)s) AS g
+"""
+_HELD_DEFAULTS = {"rate_key": None, "rate_limit": None, "rate_period": None, "expired": False}
+# A rate key whose window is full for the next hour.
+_FULL_WINDOW = """
+INSERT INTO django_jobs_rate (key, starts, rate_limit, rate_period, free_at, updated_at)
+VALUES ('key:held', ARRAY[now()], 1, 3600, now() + interval '1 hour', now())
 """
 _SATURATE = """
 INSERT INTO django_jobs_job (task, queue, priority, state, args, kwargs, attempt, max_attempts,
@@ -241,6 +250,34 @@ _CONTROLS: dict[str, dict[str, Any]] = {
     "10,000 jobs over 20 open keys (limit 2)": {
         "held": {"queue": "default", "key": "customer:", "keys": 20, "limit": 2, "count": 10_000},
     },
+    "a queue rate limit (window open)": {"rate": ("default", 100_000, 1)},
+    "10,000 jobs of a full rate key ahead": {
+        "held": {
+            "queue": "default",
+            "key": "rate:held",
+            "keys": 1,
+            "limit": 2**31 - 1,
+            "count": 10_000,
+            "rate_key": "held",
+            "rate_limit": 1,
+            "rate_period": 3600,
+        },
+        "full_window": True,
+    },
+    "a fair queue, 10,000 jobs over 1,000 keys": {
+        "held": {"queue": "default", "key": "tenant:", "keys": 1000, "limit": 100, "count": 10_000},
+        "fair": "default",
+    },
+    "10,000 expired jobs not yet ended, ahead": {
+        "held": {
+            "queue": "default",
+            "key": None,
+            "keys": 1,
+            "limit": None,
+            "count": 10_000,
+            "expired": True,
+        },
+    },
 }
 
 
@@ -251,7 +288,19 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
     for name, case in _CONTROLS.items():
         with conn.cursor() as cursor:
             if "held" in case:
-                cursor.execute(_HELD, case["held"])
+                cursor.execute(_HELD, {**_HELD_DEFAULTS, **case["held"]})
+            if case.get("full_window"):
+                cursor.execute(_FULL_WINDOW)
+            if "rate" in case:
+                cursor.execute(
+                    "INSERT INTO django_jobs_queue (name, rate_limit, rate_period)"
+                    " VALUES (%s, %s, %s)",
+                    list(case["rate"]),
+                )
+            if "fair" in case:
+                cursor.execute(
+                    "INSERT INTO django_jobs_queue (name, fair) VALUES (%s, true)", [case["fair"]]
+                )
             if case.get("saturate"):
                 cursor.execute(_SATURATE)
             if "pause" in case:
@@ -279,6 +328,7 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
                     raise RuntimeError(f"{name}: the claim found no ready job")
                 held = cursor.execute(
                     "SELECT queue = 'paused' OR concurrency_key IS NOT DISTINCT FROM 'busy'"
+                    " OR rate_key IS NOT DISTINCT FROM 'held' OR expires_at < now()"
                     " FROM django_jobs_job WHERE id = %s",
                     [row[0]],
                 ).fetchone()[0]
@@ -295,8 +345,10 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
         with conn.cursor() as cursor:
             cursor.execute(
                 "DELETE FROM django_jobs_job WHERE concurrency_key IS NOT NULL OR queue = 'paused'"
+                " OR expires_at IS NOT NULL"
             )
             cursor.execute("DELETE FROM django_jobs_queue")
+            cursor.execute("DELETE FROM django_jobs_rate")
         conn.commit()
         # Before the next case (and the next size), the case's own rows leave no trace: the
         # index entries of its 10,000 deleted jobs go too. A plain VACUUM skips the indexes
@@ -306,7 +358,9 @@ def _measure_controls(conn: Any, claims: int) -> dict[str, Any]:
         conn.execute("VACUUM (ANALYZE, INDEX_CLEANUP ON) django_jobs_job")
         conn.autocommit = False
         if claimed_held:
-            raise RuntimeError(f"{name}: a claim took a paused queue's or a full key's job")
+            raise RuntimeError(
+                f"{name}: a claim took a paused queue's, a full key's or an expired job"
+            )
         results[name] = {
             "claim_s": median(round_trips),
             "claim_p90_s": percentile(round_trips, 90),

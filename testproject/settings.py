@@ -131,6 +131,7 @@ _FROM_ENVIRONMENT: list[tuple[str, Callable[[str], object]]] = [
     ("JOBS_QUEUE_LIMITS", json.loads),
     ("JOBS_QUEUE_RATE_LIMITS", json.loads),
     ("JOBS_FAIR_QUEUES", json.loads),
+    ("JOBS_EXPIRY_INTERVAL", float),
     ("JOBS_API_CONNECTIONS", int),
     ("JOBS_API_MAX_WAIT", float),
     ("JOBS_READ_DATABASE", str),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -203,6 +204,16 @@ def cancel() -> Moves:
     return moves
 
 
+def expire_due() -> Moves:
+    everyone = jobs_in_every_state()
+    Job.objects.filter(pk__in=[job.pk for job in everyone]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    with watching() as moves, connection.cursor() as cursor:
+        store.expire_due(cursor)
+    return moves
+
+
 def cancel_children() -> Moves:
     parent = running()
     jobs_in_every_state(parent=parent, parent_attempt=1)
@@ -311,6 +322,7 @@ EXERCISES: dict[str, Callable[[], Moves]] = {
     "release": release,
     "hand_back": hand_back,
     "cancel_many": cancel,
+    "expire_due": expire_due,
     "retry_many": retry,
     "run_now_many": run_now,
     "promote": promote,

@@ -25,6 +25,7 @@ VIEWS = [
     "django_jobs_steps",
     "django_jobs_alerts",
     "django_jobs_rollups",
+    "django_jobs_rate_limits",
 ]
 
 # format_type() names, as the contract in docs/operations.md writes them.
