@@ -124,6 +124,7 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
                     ("id", "task", "state_badge"),
                     ("queue", "priority", "attempts"),
                     ("worker_id", "unique_key", "cancel_requested_text"),
+                    "controls_text",
                     "progress_text",
                     "error_text",
                 ]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -20,8 +21,10 @@ from django_jobs.admin.masking import masked_error, masked_json, masked_text
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
+from django_jobs.rates import spell
 from django_jobs.sanitize import mask_text
 from django_jobs.states import State
+from django_jobs.store import job_reads
 from django_jobs.store.overview import progress_bar
 
 #: Lines of a running attempt's log shown open on the job page.
@@ -189,6 +192,24 @@ class JobColumns(admin.ModelAdmin):
     took = _took
 
     @admin.display(description="error")
+    @admin.display(description="Controls")
+    def controls_text(self, job: Job) -> str:
+        """The job's limits and deadline, and, while a full rate window holds it, when it may
+        start."""
+        parts = []
+        if job.concurrency_key and not job.concurrency_key.startswith("rate:"):
+            parts.append(f"at most {job.concurrency_limit} running of {job.concurrency_key}")
+        if job.rate_key and job.rate_limit and job.rate_period:
+            parts.append(f"rate {spell(job.rate_limit, job.rate_period)} of {job.rate_key}")
+        if job.expires_at:
+            parts.append(f"expires {timestamp(job.expires_at)}")
+        if job.state == "pending":
+            with connections[job._state.db or "default"].cursor() as cursor:
+                held = job_reads.rate_next_start(cursor, job.rate_key, job.queue)
+            if held is not None:
+                parts.append(f"held by a rate limit until {timestamp(held)}")
+        return "; ".join(parts) or "none"
+
     def error_text(self, job: Job) -> str:
         return masked_text(job.error)
 

@@ -133,3 +133,10 @@ class JobView:
 def job_view(cursor: Cursor, job_id: int) -> JobView | None:
     """The job ``job_id`` as the HTTP API's job view shows it; None if there is no such job."""
     return db.fetch_one_as(db.execute(cursor, query("job_view"), {"id": job_id}), JobView)
+
+
+def rate_next_start(cursor: Cursor, rate_key: str | None, queue: str) -> datetime.datetime | None:
+    """When a pending job of ``rate_key`` (or None) in ``queue`` may start, if a full rate
+    window holds it back; None when none does."""
+    row = db.execute(cursor, query("rate_next_start"), {"rate_key": rate_key, "queue": queue})
+    return row.fetchone()[0]

@@ -319,3 +319,15 @@ def test_unknown_or_bad_queues_in_the_settings_are_system_check_errors() -> None
     with override_settings(JOBS_QUEUE_RATE_LIMITS={"reports": "5/m"}, JOBS_FAIR_QUEUES=["imports"]):
         assert check_time_controls() == []
     assert isinstance(found[0], checks.Error)
+
+
+def test_the_job_page_shows_a_held_jobs_next_start(admin_client) -> None:
+    held = [rated.using(rate_limit="1/h").enqueue(str(i)) for i in range(2)]
+    assert claim() is not None
+    page = admin_client.get(f"/admin/django_jobs/job/{held[1].pk}/change/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "rate 1/h of tests.rated" in text and "held by a rate limit until" in text
+    deadline = expiring.enqueue("x")
+    text = admin_client.get(f"/admin/django_jobs/job/{deadline.pk}/change/").content.decode()
+    assert "expires " in text and "held by" not in text

@@ -120,8 +120,10 @@ def test_a_rate_limit_survives_a_worker_sigkill_with_no_burst(start_worker) -> N
         wait_for(
             lambda: (
                 Job.objects.filter(state__in=["done", "error"]).count() == 16
-                or (not Job.objects.filter(state__in=["pending", "waiting"]).exists()
-                and Attempt.objects.count() >= 16)
+                or (
+                    not Job.objects.filter(state__in=["pending", "waiting"]).exists()
+                    and Attempt.objects.count() >= 16
+                )
             ),
             timeout=90,
             interval=0.2,

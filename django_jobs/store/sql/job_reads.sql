@@ -64,3 +64,14 @@ SELECT id, task, queue, state, attempt, max_attempts, created_at, started_at, fi
        cursors::text AS cursors
 FROM django_jobs_job
 WHERE id = %(id)s
+
+-- name: rate_next_start
+-- When a pending job held by a rate limit may start: the latest free_at of its windows (its
+-- key's and its queue's) that is still ahead; NULL when neither is full. Index: the primary
+-- keys of django_jobs_rate and django_jobs_queue.
+SELECT max(w.free_at) FROM django_jobs_rate w
+WHERE w.free_at > now()
+  AND (w.key = 'key:' || %(rate_key)s::text
+       OR (w.key = 'queue:' || %(queue)s::text
+           AND EXISTS (SELECT FROM django_jobs_queue q
+                       WHERE q.name = %(queue)s AND q.rate_limit IS NOT NULL)))
