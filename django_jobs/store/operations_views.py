@@ -52,6 +52,9 @@ class QueueSummary(TypedDict):
     done: int
     failed: int
     cancelled: int
+    #: Jobs cancelled in the window because their deadline (``expires_after``, ``expires_at``)
+    #: passed before they, or their retry, started; no attempt of theirs counts above.
+    expired: int
     done_per_minute: float
     #: failed / (done + failed) in the window; None when no attempt ended.
     failure_rate: float | None
@@ -207,6 +210,7 @@ def summary(window_minutes: int = 15, using: str | None = None) -> Summary:
         generated_at = _rows(cursor, "summary_clock")[0]["generated_at"]
         states = _rows(cursor, "summary_states")
         ended = _rows(cursor, "summary_ended", {"minutes": window_minutes})
+        expired = _rows(cursor, "summary_expired", {"minutes": window_minutes})
         stuck = _rows(cursor, "summary_stuck")
         registered = _rows(cursor, "summary_workers")
         schedules = _rows(cursor, "summary_schedules")
@@ -217,7 +221,7 @@ def summary(window_minutes: int = 15, using: str | None = None) -> Summary:
         if isinstance(worker["queues"], str):
             worker["queues"] = json.loads(worker["queues"])
     names = set(registry.queues())
-    names.update(row["queue"] for row in states + ended + stuck)
+    names.update(row["queue"] for row in states + ended + expired + stuck)
     if controls is not None:
         names.update(q for q, c in controls.items() if c["paused"] or c["concurrency_limit"])
     queues: dict[str, QueueSummary] = {name: _empty_queue(name) for name in sorted(names)}
@@ -263,6 +267,8 @@ def summary(window_minutes: int = 15, using: str | None = None) -> Summary:
         queue["done_per_minute"] = round(row["done"] / window_minutes, 3)
         if row["done"] + row["failed"]:
             queue["failure_rate"] = round(row["failed"] / (row["done"] + row["failed"]), 4)
+    for row in expired:
+        queues[row["queue"]]["expired"] = row["expired"]
     for row in stuck:
         queues[row["queue"]]["stuck"] += row["jobs"]
     for queue in queues.values():
@@ -325,6 +331,7 @@ def _empty_queue(name: str) -> QueueSummary:
         done=0,
         failed=0,
         cancelled=0,
+        expired=0,
         done_per_minute=0.0,
         failure_rate=None,
         workers_alive=0,
@@ -371,7 +378,9 @@ def render(data: Summary) -> str:
             "",
             f"{q['queue']} · {q['workers_alive']} worker(s) alive · "
             f"{q['done_per_minute']:.1f} done/min ({q['done']} done, {q['failed']} failed, "
-            f"{q['cancelled']} cancelled){rate}" + (f" · {q['stuck']} stuck" if q["stuck"] else ""),
+            f"{q['cancelled']} cancelled){rate}"
+            + (f" · {q['expired']} expired" if q["expired"] else "")
+            + (f" · {q['stuck']} stuck" if q["stuck"] else ""),
             *_control_lines(q),
             f"  {'state':<9} {'jobs':>8} {'ready':>8} {'scheduled':>10} {'oldest':>8}",
             f"  {'waiting':<9} {q['waiting']:>8}",

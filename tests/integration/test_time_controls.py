@@ -204,6 +204,33 @@ def test_a_job_past_its_deadline_is_never_claimed_and_ends_cancelled_as_expired(
     assert job.attempts.count() == 0
 
 
+def test_jobstats_counts_the_jobs_that_expired_unstarted_apart_from_attempts() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_jobs.store import operations_views
+
+    jobs = [expiring.enqueue(f"late {i}") for i in range(3)]
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    with connection.cursor() as cursor:
+        workflows.expire_due(cursor)
+    echo.enqueue(1)
+    queue = {q["queue"]: q for q in operations_views.summary(15)["queues"]}[jobs[0].queue]
+    assert (queue["expired"], queue["cancelled"], queue["pending"]) == (3, 0, 1)
+    out = StringIO()
+    call_command("jobstats", stdout=out)
+    assert f"\n{jobs[0].queue} ·" in out.getvalue() and " · 3 expired" in out.getvalue()
+    # Outside the window they no longer count.
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        finished_at=timezone.now() - timedelta(minutes=20)
+    )
+    queue = {q["queue"]: q for q in operations_views.summary(15)["queues"]}[jobs[0].queue]
+    assert queue["expired"] == 0
+
+
 def test_dependents_of_an_expired_job_are_cancelled() -> None:
     job = expiring.enqueue("upstream")
     child = echo.using(depends_on=[job]).enqueue("downstream")

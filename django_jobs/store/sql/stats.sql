@@ -50,6 +50,17 @@ FROM django_jobs_throughput
 WHERE minute > now() - make_interval(mins => %(minutes)s)
 GROUP BY queue
 
+-- name: summary_expired
+-- Jobs that ended cancelled at their deadline (control.sql's expire_due) in the window. They
+-- never started, so the attempts of django_jobs_throughput do not count them.
+-- Index: job_finished_idx (finished_at, id), partial on the ended states.
+SELECT queue, count(*) AS expired
+FROM django_jobs_job
+WHERE state IN ('done', 'error', 'cancelled') AND state = 'cancelled'
+  AND finished_at > now() - make_interval(mins => %(minutes)s)
+  AND error LIKE 'expired: %%'
+GROUP BY queue
+
 -- name: summary_stuck
 SELECT queue, reason, count(*) AS jobs FROM django_jobs_stuck_jobs GROUP BY queue, reason
 
