@@ -1,5 +1,6 @@
 """Admin pages at 1,000,000 jobs: the changelist (unfiltered, each filter, searches, a deep
-page) and a job's page, rendered by Django's test client against a filled database.
+page) and a job's page, then the schedules' list and a schedule's page (50 schedules, whose last
+jobs are among the million), rendered by Django's test client against a filled database.
 
     python bench/admin_pages.py [--rows 1000000] [--repeat 7]
 
@@ -15,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -66,6 +68,22 @@ PAGES = [
     ("errors, page 50", "?state=error&p=50"),
 ]
 
+#: The schedules' pages, with :data:`SCHEDULES` schedules (their last jobs among the 1M).
+SCHEDULE_PAGES = [
+    ("schedules: list", ""),
+    ("schedules: paused", "?paused__exact=1"),
+    ("schedules: search", "?q=report"),
+]
+SCHEDULES = 50
+#: The shapes of the bench's schedules, each in its own zone.
+SCHEDULE_SHAPES = [
+    ("30 6 * * mon-fri", "Europe/Paris"),
+    ("*/15 * * * *", "UTC"),
+    ("0 9 1 * *", "America/New_York"),
+    ("@weekly", "Asia/Tokyo"),
+    ("0 0 L * *", "UTC"),
+]
+
 
 def prepare(rows: int) -> None:
     from urllib.parse import urlsplit
@@ -96,6 +114,45 @@ def prepare(rows: int) -> None:
             )
         conn.execute("VACUUM ANALYZE django_jobs_job")
         conn.execute("VACUUM ANALYZE django_jobs_attempt")
+
+
+def make_schedules() -> int:
+    """:data:`SCHEDULES` schedules, made once; returns the id of one whose last run failed."""
+    from django_jobs.models import Job, Schedule
+
+    failed = list(Job.objects.filter(state="error").values_list("pk", flat=True)[:SCHEDULES])
+    for i in range(Schedule.objects.count(), SCHEDULES):
+        expression, zone = SCHEDULE_SHAPES[i % len(SCHEDULE_SHAPES)]
+        schedule = Schedule.objects.create(
+            name=f"app.report-{i:02}-for-the-partner-accounting-export",
+            task=f"app.tasks.task_{i % 30}",
+            cron=expression,
+            timezone=zone,
+            paused=i % 10 == 0,
+            last_job_id=failed[i % len(failed)],
+            last_run_at=Job.objects.get(pk=failed[i % len(failed)]).created_at,
+            last_outcome="error: ValueError: broken feed",
+        )
+        schedule.recompute_next_run()
+    return Schedule.objects.order_by("pk").values_list("pk", flat=True)[0]
+
+
+def time_schedule_pages(client: Any, repeat: int) -> None:
+    """Print the rows of :data:`SCHEDULE_PAGES` and a schedule's page, after the job pages'."""
+    schedule_id = make_schedules()
+    pages = [*SCHEDULE_PAGES, ("schedules: a schedule's page", f"{schedule_id}/change/")]
+    for label, query in pages:
+        url = "/admin/django_jobs/schedule/" + query
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            response = client.get(url)
+            times.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, (url, response.status_code)
+        shown = len(response.context["cl"].result_list) if "cl" in response.context else 1
+        print(
+            f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
+        )
 
 
 def main() -> None:
@@ -136,6 +193,7 @@ def main() -> None:
         print(
             f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
         )
+    time_schedule_pages(client, args.repeat)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ declared is flagged *removed from code*; it no longer fires, and may be deleted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,9 +21,9 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import formats, timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from django_jobs import conf
 from django_jobs.admin.actions import Button, PageButtons, object_button
@@ -31,7 +33,7 @@ from django_jobs.admin.masking import masked_json, masked_text
 from django_jobs.exceptions import JobsError
 from django_jobs.models.job import Job
 from django_jobs.models.schedule import Schedule
-from django_jobs.schedules import ticks
+from django_jobs.schedules import reading, ticks
 from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
 from django_jobs.schedules.ticks import EDITABLE
 from django_jobs.store import db
@@ -42,7 +44,7 @@ CODE_NOTE = (
 )
 #: What the page shows of a schedule's state: never edited by hand.
 STATE_FIELDS = [
-    ("next_run_at", "last_run", "last_outcome_text"),
+    ("next_run", "last_run", "last_outcome_text"),
     ("paused_text", "source", "removed"),
     ("created_at", "updated_at"),
 ]
@@ -67,18 +69,17 @@ class RemovedFilter(admin.SimpleListFilter):
 class ScheduleAdmin(PageButtons):
     form = ScheduleForm
     # The job page's template: its object tools are the buttons passed as ``job_buttons``.
-    change_form_template = "admin/django_jobs/job/change_form.html"
+    # with the schedule's reading (its expression in words, its next runs) above the fields.
+    change_form_template = "admin/django_jobs/schedule/change_form.html"
     list_display = [
         "name",
-        "task",
-        "cron",
-        "timezone",
-        "next_run_at",
+        "task_name",
+        "when",
+        "next_run",
         "last_run",
         "last_outcome_text",
         "paused_text",
-        "source",
-        "removed",
+        "source_text",
     ]
     list_filter = ["paused", "source", RemovedFilter]
     search_fields = ["name", "task"]
@@ -86,7 +87,7 @@ class ScheduleAdmin(PageButtons):
     actions = ["pause_selected", "resume_selected", "run_selected_now"]
 
     class Media:
-        css = {"all": ["django_jobs/admin.css"]}
+        css = {"all": ["django_jobs/admin.css", "django_jobs/schedules.css"]}
 
     # -------------------------------------------------------------- the rows
 
@@ -107,18 +108,49 @@ class ScheduleAdmin(PageButtons):
         jobs = Job.objects.filter(pk=OuterRef("last_job_id"))
         return super().get_queryset(request).annotate(last_job_exists=Exists(jobs))
 
+    @admin.display(description="task", ordering="task")
+    def task_name(self, schedule: Schedule) -> SafeString:
+        # A dotted name may break after its dots, never inside a word.
+        parts = schedule.task.split(".")
+        return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))
+
+    @admin.display(description="source", ordering="source")
+    def source_text(self, schedule: Schedule) -> SafeString | str:
+        """Where the schedule is declared, flagged when code no longer declares it."""
+        if schedule.missing_from_code_since is None:
+            return schedule.source
+        return self.removed(schedule)
+
+    @admin.display(description="schedule", ordering="cron")
+    def when(self, schedule: Schedule) -> SafeString:
+        """The expression kept on one line, and under it the words it reads as and its zone."""
+        words = reading.in_words(schedule.cron)
+        said = f"{words}, " if words else ""
+        return format_html(
+            '<code class="dj-cron">{}</code><span class="dj-cron-words">{}{} time</span>',
+            schedule.cron,
+            said,
+            schedule.timezone,
+        )
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run(self, schedule: Schedule) -> SafeString | str:
+        if schedule.next_run_at is None:
+            return "-"
+        return on_clocks(schedule.next_run_at, schedule.timezone)
+
     @admin.display(description="last run", ordering="last_run_at")
     def last_run(self, schedule: Schedule) -> SafeString | str:
         if schedule.last_run_at is None:
             return "-"
-        when = formats.localize(timezone.localtime(schedule.last_run_at))
+        when = on_clocks(schedule.last_run_at, schedule.timezone, seconds=True)
         if schedule.last_job_id is None:
             return when
         exists = getattr(schedule, "last_job_exists", None)
         if exists is None:  # a schedule not read through get_queryset
             exists = Job.objects.filter(pk=schedule.last_job_id).exists()
         if not exists:
-            return f"{when} · #{schedule.last_job_id} (pruned)"
+            return format_html("{} · #{} (pruned)", when, schedule.last_job_id)
         url = reverse("admin:django_jobs_job_change", args=[schedule.last_job_id])
         return format_html('{} · <a href="{}">#{}</a>', when, url, schedule.last_job_id)
 
@@ -131,8 +163,14 @@ class ScheduleAdmin(PageButtons):
         if not schedule.paused:
             return "no"
         by = f" by {schedule.paused_by}" if schedule.paused_by else ""
-        when = f" at {schedule.paused_at:%Y-%m-%d %H:%M}" if schedule.paused_at else ""
-        return badge("cancelled", f"paused{by}{when}")
+        if schedule.paused_at is None:
+            return badge("cancelled", f"paused{by}")
+        since = reading.clock(schedule.paused_at, schedule.timezone, timezone.now())
+        return format_html(
+            '{}<span class="dj-cron-words">since {}</span>',
+            badge("cancelled", f"paused{by}"),
+            since,
+        )
 
     @admin.display(description="in code")
     def removed(self, schedule: Schedule) -> SafeString | str:
@@ -188,6 +226,24 @@ class ScheduleAdmin(PageButtons):
             return state
         # "args" and "kwargs" too, though shown masked instead: the form then drops them.
         return [*CODE_OWNED, "args_masked", "kwargs_masked", *state]
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Schedule | None = None,
+    ) -> HttpResponse:
+        # The form's expression and zone as typed, when they are valid (a preview before
+        # saving); otherwise the saved schedule's.
+        form = context["adminform"].form
+        typed = form.cleaned_data if form.is_bound and hasattr(form, "cleaned_data") else {}
+        expression = typed.get("cron") or (obj.cron if obj is not None else "")
+        zone_name = typed.get("timezone") or (obj.timezone if obj is not None else "")
+        context["schedule_reading"] = Reading.of(expression, zone_name)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
         db.commit_durably(conf.database_alias())  # the admin's transaction: a crash keeps it
@@ -315,6 +371,59 @@ class ScheduleAdmin(PageButtons):
                 )
         return buttons
 
+
+def on_clocks(moment: datetime, zone_name: str, seconds: bool = False) -> SafeString:
+    """``moment`` on the schedule's clock with its zone named, and under it the server's time
+    (``settings.TIME_ZONE``) when that clock reads differently; the full timestamp on hover."""
+    now = timezone.now()
+    server = timezone.get_default_timezone_name()
+    try:
+        shown = reading.clock(moment, zone_name, now, seconds)
+    except (ValueError, KeyError):  # a zone this system does not know: the server's clock
+        zone_name, shown = server, reading.clock(moment, server, now, seconds)
+    beside = ""
+    if reading.reads_differently(moment, zone_name, server):
+        beside = format_html(
+            '<span class="dj-server-time">server: {}</span>',
+            reading.clock(moment, server, now, seconds),
+        )
+    return format_html(
+        '<time class="dj-clock" datetime="{}" title="{}">{}</time>{}',
+        moment.isoformat(),
+        f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC",
+        shown,
+        beside,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What a schedule's page shows above its fields: the expression in words, its zone, and
+    the next fire times on its clock and the server's."""
+
+    expression: str
+    zone: str
+    words: str | None
+    server_zone: str
+    #: The next fire times, each shown on the schedule's clock (and the server's).
+    upcoming: list[SafeString]
+
+    @classmethod
+    def of(cls, expression: str, zone_name: str) -> Reading | None:
+        if not expression or not zone_name:
+            return None
+        moments = reading.upcoming(expression, zone_name, timezone.now(), count=UPCOMING)
+        return cls(
+            expression=expression,
+            zone=zone_name,
+            words=reading.in_words(expression),
+            server_zone=timezone.get_default_timezone_name(),
+            upcoming=[on_clocks(moment, zone_name) for moment in moments],
+        )
+
+
+#: How many of a schedule's next fire times its page lists.
+UPCOMING = 5
 
 #: The buttons of a schedule's page: label → (URL slug, action).
 BUTTONS = {

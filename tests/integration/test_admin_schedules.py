@@ -347,3 +347,51 @@ def test_the_form_sets_what_a_tick_does_while_the_queue_is_paused(superuser) -> 
     response = superuser.post(ADD, form_data(name="other", when_queue_paused="later"))
     assert b"Select a valid choice" in response.content
     assert not Schedule.objects.filter(name="other").exists()
+
+
+# ------------------------------------------------------------------ times on the schedule's clock
+
+
+def test_the_list_says_the_expression_in_words_and_the_next_run_on_the_schedules_clock(
+    superuser,
+) -> None:
+    make_schedule(name="paris", cron="30 6 * * mon-fri", timezone="Europe/Paris")
+    make_schedule(name="utc", cron="0 0 L * *", timezone="UTC")
+    content = superuser.get(CHANGELIST).content.decode()
+    assert '<code class="dj-cron">30 6 * * mon-fri</code>' in content
+    assert "at 06:30, Monday to Friday, Europe/Paris time" in content
+    assert "06:30 Europe/Paris</time>" in content
+    # The server's clock (TIME_ZONE = "UTC") beside the Paris time only.
+    assert content.count('class="dj-server-time"') == 1
+    assert "05:30 UTC</span>" in content or "04:30 UTC</span>" in content
+    # A shape not said in words: the expression and its zone, no words.
+    assert '<code class="dj-cron">0 0 L * *</code><span class="dj-cron-words">UTC time' in content
+
+
+def test_a_schedules_page_lists_its_next_five_runs_on_its_clock(superuser) -> None:
+    schedule = make_schedule(cron="30 6 * * mon-fri", timezone="Europe/Paris")
+    response = superuser.get(change_url(schedule))
+    reading = response.context["schedule_reading"]
+    assert (reading.words, reading.zone, reading.server_zone) == (
+        "at 06:30, Monday to Friday",
+        "Europe/Paris",
+        "UTC",
+    )
+    assert len(reading.upcoming) == 5
+    content = response.content.decode()
+    assert content.count("06:30 Europe/Paris</time>") >= 5
+    assert "(the server's is UTC)" in content
+    assert '<ol class="dj-next-fires">' in content
+
+
+def test_the_add_form_previews_a_valid_expression_after_a_post_with_other_errors(
+    superuser,
+) -> None:
+    assert superuser.get(ADD).context["schedule_reading"] is None
+    data = form_data(cron="0 9 1 * *", timezone="America/New_York", kwargs="[1]")
+    response = superuser.post(ADD, data)
+    assert list(response.context["adminform"].form.errors) == ["kwargs"]
+    reading = response.context["schedule_reading"]
+    assert reading.words == "at 09:00, on the 1st of each month"
+    assert [moment.count("09:00 America/New_York") for moment in reading.upcoming] == [1] * 5
+    assert not Schedule.objects.exists()
