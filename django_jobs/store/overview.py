@@ -210,13 +210,15 @@ def series(span: Range, now: datetime, using: str | None = None) -> list[tuple[d
 
 
 def _nice_ceiling(value: int) -> int:
-    """The smallest of 1, 2, 5 times a power of ten that is at least ``value`` (at least 4)."""
-    value = max(value, 4)
-    magnitude = 10 ** (len(str(value)) - 1)
-    for factor in (1, 2, 5, 10):
-        if factor * magnitude >= value:
-            return factor * magnitude
-    return 10 * magnitude
+    """The top of the y axis: four gridline steps of 1, 2 or 5 times a power of ten, together
+    at least ``value``."""
+    needed = max(value, 1) / 4
+    magnitude = 1
+    while True:
+        for factor in (1, 2, 5):
+            if factor * magnitude >= needed:
+                return 4 * factor * magnitude
+        magnitude *= 10
 
 
 def chart(points: list[tuple[datetime, int, int]], span: Range) -> SafeString:

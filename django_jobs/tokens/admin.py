@@ -10,6 +10,7 @@ revoke the old one.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -73,6 +74,11 @@ class NewTokenForm(forms.ModelForm):
         return _checked(auth.lifetime, text) if text else None
 
 
+def _when(value: datetime | None, empty: str) -> str:
+    """A time of the list, to the second in the current time zone."""
+    return empty if value is None else f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
+
+
 def _checked(check: Any, value: Any) -> Any:
     try:
         return check(value)
@@ -83,8 +89,7 @@ def _checked(check: Any, value: Any) -> Any:
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["name", "status", "prefix", "shown_queues", "can_enqueue", "shown_tasks",
-                    "expires_at", "user", "created_at", "last_used_at", "revoked_at"]  # fmt: skip
-    list_filter = ["can_enqueue"]
+                    "expires", "user", "last_used"]  # fmt: skip
     search_fields = ["name"]
     actions = ["revoke_tokens"]
     form = NewTokenForm
@@ -100,6 +105,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     @admin.display(description="tasks")
     def shown_tasks(self, obj: ApiToken) -> str:
         return ", ".join(obj.tasks) or "any of its queues'"
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, obj: ApiToken) -> str:
+        return _when(obj.expires_at, "never")
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, obj: ApiToken) -> str:
+        return _when(obj.last_used_at, "never")
 
     @admin.display(description="status")
     def status(self, obj: ApiToken) -> SafeString:
