@@ -98,6 +98,16 @@ def prepare(rows: int) -> None:
         conn.execute("VACUUM ANALYZE django_jobs_attempt")
 
 
+#: The console's other pages: the dashboard at each range of its chart, queues, API tokens.
+CONSOLE_PAGES = [
+    ("dashboard, 1 h", "/admin/django_jobs/dashboard/?range=1h"),
+    ("dashboard, 24 h", "/admin/django_jobs/dashboard/?range=24h"),
+    ("dashboard, 7 d", "/admin/django_jobs/dashboard/?range=7d"),
+    ("queues", "/admin/django_jobs/queue/"),
+    ("API tokens", "/admin/django_jobs/apitoken/"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -136,6 +146,14 @@ def main() -> None:
         print(
             f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
         )
+    for label, url in CONSOLE_PAGES:
+        times = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            response = client.get(url)
+            times.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, (url, response.status_code)
+        print(f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | - |", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,11 @@ from django.utils import timezone
 from django_jobs import queues, rollups
 from django_jobs.models import ApiToken, Queue
 from tests.factories import AttemptFactory, JobFactory
+from tests.system import test_browser
 from tests.system.console import WIDTHS, assert_fits, open_page, shoot
-from tests.system.test_browser import browser  # noqa: F401
+
+#: The browser fixture of the admin's other browser tests (Debian's Chromium).
+browser = test_browser.browser
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
@@ -44,7 +47,9 @@ def fill() -> None:
     for minutes_ago in range(2, 50, 3):
         at = now - timedelta(minutes=minutes_ago)
         job = JobFactory(finished=True, task="emails.send", queue="emails", finished_at=at)
-        AttemptFactory(job=job, outcome="done", started_at=at - timedelta(seconds=1), finished_at=at)
+        AttemptFactory(
+            job=job, outcome="done", started_at=at - timedelta(seconds=1), finished_at=at
+        )
     JobFactory.create_batch(3, queue="default", task="tests.echo")
     JobFactory.create_batch(2, queue="imports", task="imports.load")
     JobFactory(queue="imports", task="imports.load", run_after=now + timedelta(hours=2))
