@@ -142,17 +142,31 @@ def time_schedule_pages(client: Any, repeat: int) -> None:
     schedule_id = make_schedules()
     pages = [*SCHEDULE_PAGES, ("schedules: a schedule's page", f"{schedule_id}/change/")]
     for label, query in pages:
-        url = "/admin/django_jobs/schedule/" + query
-        times = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            response = client.get(url)
-            times.append((time.perf_counter() - started) * 1000)
-            assert response.status_code == 200, (url, response.status_code)
-        shown = len(response.context["cl"].result_list) if "cl" in response.context else 1
-        print(
-            f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
-        )
+        time_page(client, label, "/admin/django_jobs/schedule/" + query, repeat)
+
+
+#: The console's other pages: the dashboard at each range of its chart, queues, API tokens.
+CONSOLE_PAGES = [
+    ("dashboard, 1 h", "/admin/django_jobs/dashboard/?range=1h"),
+    ("dashboard, 24 h", "/admin/django_jobs/dashboard/?range=24h"),
+    ("dashboard, 7 d", "/admin/django_jobs/dashboard/?range=7d"),
+    ("queues", "/admin/django_jobs/queue/"),
+    ("API tokens", "/admin/django_jobs/apitoken/"),
+]
+
+
+def time_page(client: Any, label: str, url: str, repeat: int) -> None:
+    """Print a table row: the page's median and worst time over ``repeat`` loads, and the rows
+    its list shows (1 for a page without a list)."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    context = response.context or {}
+    shown = len(context["cl"].result_list) if "cl" in context else 1
+    print(f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True)
 
 
 def main() -> None:
@@ -182,17 +196,9 @@ def main() -> None:
     print(f"| page ({args.rows:,} jobs) | median ms | worst ms | rows shown |")
     print("|---|---|---|---|")
     for label, query in pages:
-        url = "/admin/django_jobs/job/" + query
-        times = []
-        for _ in range(args.repeat):
-            started = time.perf_counter()
-            response = client.get(url)
-            times.append((time.perf_counter() - started) * 1000)
-            assert response.status_code == 200, (url, response.status_code)
-        shown = len(response.context["cl"].result_list) if "cl" in response.context else 1
-        print(
-            f"| {label} | {statistics.median(times):.0f} | {max(times):.0f} | {shown} |", flush=True
-        )
+        time_page(client, label, "/admin/django_jobs/job/" + query, args.repeat)
+    for label, url in CONSOLE_PAGES:
+        time_page(client, label, url, args.repeat)
     time_schedule_pages(client, args.repeat)
 
 

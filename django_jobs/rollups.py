@@ -26,8 +26,10 @@ from django.db import OperationalError, connections
 
 from django_jobs import conf
 from django_jobs.cursor import Cursor
+from django_jobs.store import db
 from django_jobs.store import rollups as statements
 from django_jobs.store.operations_views import reading
+from django_jobs.store.sql import query
 
 #: The upper bounds, in seconds, of the duration buckets, from 100 ms to about 14 hours. Never
 #: change them on a database that has rollups: the counts are stored by position.
@@ -119,6 +121,26 @@ def roll_up(
         result.rolled_until = statements.rolled_until(cursor)
     result.elapsed = time.monotonic() - started
     return result
+
+
+def hourly_attempts(
+    since: datetime, now: datetime, using: str | None = None
+) -> dict[datetime, tuple[int, int]]:
+    """Attempts (done, failed) ended per UTC hour from ``since`` to ``now``, by hour: the
+    rolled-up hours from the rollups, the hours after the watermark (at most the last 24) from
+    the attempts through ``django_jobs_throughput``. From ``JOBS_READ_DATABASE`` unless
+    ``using``."""
+    with reading(using) as cursor:
+        hours = {
+            row.hour: (row.done, row.failed) for row in statements.hourly_attempts(cursor, since)
+        }
+        watermark = statements.rolled_until(cursor)
+        recent = max(since, watermark or since, now - timedelta(hours=24))
+        rows = db.execute(cursor, query("throughput_hours"), {"since": recent})
+        for row in db.fetch_all_as(rows, statements.HourCounts):
+            done, failed = hours.get(row.hour, (0, 0))
+            hours[row.hour] = (done + row.done, failed + row.failed)
+    return hours
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ from django.contrib.admin.utils import flatten_fieldsets
 from django.http import HttpRequest
 
 from django_jobs.admin.actions import JobActions
-from django_jobs.admin.dashboard import DashboardAdmin
+from django_jobs.admin.dashboard import DashboardAdmin, link_from_index
 from django_jobs.admin.display import AttemptInline, JobColumns, badge
 from django_jobs.admin.filters import (
     CreatedFilter,
@@ -167,3 +167,4 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
 
 
 admin.site.register(Dashboard, DashboardAdmin)
+link_from_index(admin.site)

@@ -3,9 +3,11 @@ cluster-wide limit, with pause and resume as list actions (permission
 ``django_jobs.pause_queue``) and the limit editable (``django_jobs.change_queue``). The dashboard
 has the same pause and resume buttons (:mod:`~django_jobs.admin.dashboard`).
 
-A row here exists for queues that are or were paused or limited; a queue without one is open and
-unlimited. A limit set here wins over ``JOBS_QUEUE_LIMITS`` until it is set back to the
-setting's (``manage.py jobqueue limit NAME settings``).
+The page lists every queue first (registered, configured, having jobs, or having controls) with
+its counts from the operations views and the dashboard's pause and limit buttons, then the rows
+of controls. A row of controls exists for queues that are or were paused or limited; a queue
+without one is open and unlimited. A limit set here wins over ``JOBS_QUEUE_LIMITS`` until it is
+set back to the setting's (``manage.py jobqueue limit NAME settings``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.http import urlencode
 
 from django_jobs import conf, queues
 from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
-from django_jobs.store import db
+from django_jobs.store import db, overview
+from django_jobs.store import operations_views as stats
 
 
 class QueueForm(forms.ModelForm):
@@ -71,6 +76,30 @@ class QueueAdmin(admin.ModelAdmin):
             return "-"
         source = " (JOBS_QUEUE_LIMITS)" if obj.limit_source == Queue.LimitSource.SETTINGS else ""
         return f"{obj.concurrency_limit}{source}"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        controls = dict(Queue.objects.values_list("name", "pk"))
+        every = []
+        for queue in overview.queue_rows(stats.summary(window_minutes=overview.WINDOW_MINUTES)):
+            pk = controls.get(queue["queue"])
+            url = (
+                reverse("admin:django_jobs_queue_add") + "?" + urlencode({"name": queue["queue"]})
+                if pk is None
+                else reverse("admin:django_jobs_queue_change", args=[pk])
+            )
+            every.append({**queue, "controls_url": url})
+        context = {
+            "queues": every,
+            "controls_links": True,
+            "summary": {"window_minutes": overview.WINDOW_MINUTES},
+            "can_pause_queues": request.user.has_perm("django_jobs.pause_queue"),
+            "can_limit_queues": request.user.has_perm("django_jobs.change_queue"),
+            "back": request.get_full_path(),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_jobs.pause_queue")

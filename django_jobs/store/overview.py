@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from datetime import date, datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
 from django.db.models import F
 from django.db.models.functions import Now
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -34,14 +37,14 @@ STUCK_REASONS = {
 }
 
 
-def context() -> dict[str, Any]:
+def context(range_key: str | None = None) -> dict[str, Any]:
     """What the dashboard shows, read from ``JOBS_READ_DATABASE``. When that is not
     ``JOBS_DATABASE`` and fails (away, too slow, not migrated), from ``JOBS_DATABASE``
     instead, with ``read_problem`` saying so for the page's banner."""
     alias = stats.read_alias()
     primary = conf.database_alias()
     try:
-        return _context(alias)
+        return _context(alias, chosen_range(range_key))
     except DatabaseError as error:
         if alias == primary:
             raise
@@ -52,29 +55,32 @@ def context() -> dict[str, Any]:
             f"{type(error).__name__}: {diagnosis.first_line(error)}"
         )
         return {
-            **_context(primary),
+            **_context(primary, chosen_range(range_key)),
             "read_problem": f"{problem}. Showing the primary database {primary!r} instead.",
         }
 
 
-def _context(alias: str) -> dict[str, Any]:
-    summary = stats.summary(window_minutes=WINDOW_MINUTES, using=alias)
-    queues = []
+def queue_rows(summary: stats.Summary) -> list[dict[str, Any]]:
+    """The queues of ``summary`` as the queues table shows them."""
+    rows = []
     for queue in summary["queues"]:
         rate = queue["failure_rate"]
-        queues.append(
+        rows.append(
             {
                 **queue,
                 "oldest_ready_age": stats.format_age(queue["oldest_ready_age_seconds"]) or "-",
                 "failure_rate_percent": "-" if rate is None else f"{rate:.1%}",
             }
         )
+    return rows
+
+
+def _context(alias: str, span: Range) -> dict[str, Any]:
+    summary = stats.summary(window_minutes=WINDOW_MINUTES, using=alias)
+    queues = queue_rows(summary)
     minutes = stats.throughput(WINDOW_MINUTES, using=alias)
-    per_minute: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for row in minutes:
-        per_minute[row["minute"]][0] += row["done"]
-        per_minute[row["minute"]][1] += row["failed"]
         per_task[row["task"]][0] += row["done"]
         per_task[row["task"]][1] += row["failed"]
     failing = [
@@ -127,14 +133,18 @@ def _context(alias: str) -> dict[str, Any]:
         {**f, "error_text": mask_text(f["error"] or "")[:300]}
         for f in stats.recent_failures(limit=15, using=alias)
     ]
+    points = series(span, summary["generated_at"], using=alias)
     tasks = [_task_row(t) for t in rollups.task_statistics(TASK_DAYS, TASKS, using=alias)]
     return {
         "summary": summary,
         "queues": queues,
         "stuck_total": sum(summary["stuck"].values()),
-        "chart": chart(sorted(per_minute.items()), summary["generated_at"]),
-        "hour_done": sum(v[0] for v in per_minute.values()),
-        "hour_failed": sum(v[1] for v in per_minute.values()),
+        "chart": chart(points, span),
+        "range": span,
+        "ranges": list(RANGES.values()),
+        "range_done": sum(done for _, done, _ in points),
+        "range_failed": sum(failed for _, _, failed in points),
+        "time_zone": timezone.get_current_timezone_name(),
         "workers": workers,
         "failing": failing,
         "running": running,
@@ -148,42 +158,145 @@ def _context(alias: str) -> dict[str, Any]:
     }
 
 
-def chart(points: list[tuple[Any, list[int]]], now: datetime) -> SafeString:
-    """An inline SVG of done (green) and failed (red) attempts per minute over the last
-    ``WINDOW_MINUTES`` minutes up to ``now``, stacked, one slot per minute."""
-    width, height = 600, 100
-    if not points:
-        return format_html('<p class="dj-muted">{}</p>', "No attempt ended in the last hour.")
-    peak = max(done + failed for _, (done, failed) in points) or 1
-    step = width / WINDOW_MINUTES
-    start = now - timedelta(minutes=WINDOW_MINUTES)
-    bars = []
-    for minute, (done, failed) in points:
-        slot = min(WINDOW_MINUTES - 1, max(0, int((minute - start).total_seconds() // 60)))
-        x = slot * step
-        done_h = height * done / peak
-        failed_h = height * failed / peak
-        label = f"{minute:%H:%M}: {done} done, {failed} failed"
-        bars.append((x, height - done_h, step * 0.8, done_h, label, "done"))
-        bars.append((x, height - done_h - failed_h, step * 0.8, failed_h, label, "failed"))
-    rects = format_html_join(
-        "",
-        '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
-        (
-            (f"{x:.1f}", f"{y:.1f}", f"{w:.1f}", f"{h:.1f}", css, label)
-            for x, y, w, h, label, css in bars
-        ),
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A span the dashboard's chart covers: ``slots`` bars of ``step`` each."""
+
+    key: str
+    label: str
+    step: timedelta
+    slots: int
+    #: How the x axis names a tick, and which slots get one.
+    tick_format: str
+    tick_every: Callable[[datetime], bool]
+
+    @property
+    def unit(self) -> str:
+        return "minute" if self.step == timedelta(minutes=1) else "hour"
+
+
+RANGES = {
+    r.key: r
+    for r in (
+        Range("1h", "1 h", timedelta(minutes=1), 60, "%H:%M", lambda t: t.minute % 10 == 0),
+        Range("24h", "24 h", timedelta(hours=1), 24, "%H:%M", lambda t: t.hour % 3 == 0),
+        Range("7d", "7 d", timedelta(hours=1), 24 * 7, "%a %d %b", lambda t: t.hour == 0),
     )
+}
+DEFAULT_RANGE = "24h"
+
+
+def chosen_range(value: str | None) -> Range:
+    """The range named by the page's ``?range=`` (1h, 24h, 7d); anything else is the default."""
+    return RANGES.get(value or "", RANGES[DEFAULT_RANGE])
+
+
+def series(span: Range, now: datetime, using: str | None = None) -> list[tuple[datetime, int, int]]:
+    """Attempts (done, failed) ended in each slot of ``span`` up to ``now``, oldest first: per
+    minute from ``django_jobs_throughput`` for the last hour, per hour from the rollups (and the
+    attempts of the hours not rolled up yet) otherwise."""
+    step = span.step
+    epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    last = now - (now - epoch) % step
+    starts = [last - step * (span.slots - 1 - i) for i in range(span.slots)]
+    counts: dict[datetime, tuple[int, int]] = {}
+    if span.unit == "minute":
+        for row in stats.throughput(span.slots, using=using):
+            done, failed = counts.get(row["minute"], (0, 0))
+            counts[row["minute"]] = (done + row["done"], failed + row["failed"])
+    else:
+        counts = rollups.hourly_attempts(starts[0], now, using=using)
+    return [(start, *counts.get(start, (0, 0))) for start in starts]
+
+
+def _nice_ceiling(value: int) -> int:
+    """The top of the y axis: four gridline steps of 1, 2 or 5 times a power of ten, together
+    at least ``value``."""
+    needed = max(value, 1) / 4
+    magnitude = 1
+    while True:
+        for factor in (1, 2, 5):
+            if factor * magnitude >= needed:
+                return 4 * factor * magnitude
+        magnitude *= 10
+
+
+def chart(points: list[tuple[datetime, int, int]], span: Range) -> SafeString:
+    """An inline SVG of attempts done (green) and failed (red) per slot of ``span``, stacked,
+    with a y axis in attempts per minute or hour, gridlines, and the x axis in local time."""
+    width, height, left, right, top, bottom = 960, 220, 56, 12, 12, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
+    ceiling = _nice_ceiling(max((done + failed for _, done, failed in points), default=0))
+    step = plot_w / max(len(points), 1)
+    parts: list[SafeString] = []
+    for i in range(5):  # gridlines and y labels at 0, 1/4 ... the top
+        value = ceiling * i // 4
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            format_html(
+                '<line x1="{}" y1="{}" x2="{}" y2="{}" class="grid"/>'
+                '<text x="{}" y="{}" class="y-label">{}</text>',
+                left,
+                _n(y),
+                width - right,
+                _n(y),
+                left - 6,
+                _n(y + 4),
+                count(value),
+            )
+        )
+    for i, (start, done, failed) in enumerate(points):
+        x = left + i * step
+        done_h = plot_h * done / ceiling
+        failed_h = plot_h * failed / ceiling
+        local = timezone.localtime(start)
+        label = f"{local:%a %d %b %H:%M}: {done} done, {failed} failed"
+        for y, h, css in (
+            (top + plot_h - done_h, done_h, "done"),
+            (top + plot_h - done_h - failed_h, failed_h, "failed"),
+        ):
+            if h:
+                parts.append(
+                    format_html(
+                        '<rect x="{}" y="{}" width="{}" height="{}" class="{}">'
+                        "<title>{}</title></rect>",
+                        _n(x),
+                        _n(y),
+                        _n(max(step * 0.8, 0.5)),
+                        _n(h),
+                        css,
+                        label,
+                    )
+                )
+        if span.tick_every(local):
+            parts.append(
+                format_html(
+                    '<line x1="{}" y1="{}" x2="{}" y2="{}" class="tick"/>'
+                    '<text x="{}" y="{}" class="x-label">{}</text>',
+                    _n(x),
+                    top + plot_h,
+                    _n(x),
+                    top + plot_h + 4,
+                    _n(x),
+                    height - 10,
+                    local.strftime(span.tick_format),
+                )
+            )
+    unit = f"attempts per {span.unit}"
     return format_html(
-        '<svg viewBox="0 0 {} {}" preserveAspectRatio="none">{}'
-        '<line x1="0" y1="{}" x2="{}" y2="{}" class="axis"/></svg>',
-        width,
-        height,
-        rects,
-        height,
-        width,
-        height,
-    )
+        '<svg class="dj-throughput" viewBox="0 0 {} {}" role="img" aria-label="{}, last {}">'
+        '<text x="12" y="{}" class="y-unit" transform="rotate(-90 12 {})">{}</text>{}'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" class="axis"/>'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" class="axis"/></svg>',
+        width, height, unit, span.label,
+        top + plot_h // 2, top + plot_h // 2, unit, SafeString("".join(parts)),
+        left, top, left, top + plot_h,
+        left, top + plot_h, width - right, top + plot_h,
+    )  # fmt: skip
+
+
+def _n(value: float) -> str:
+    return f"{value:.1f}"
 
 
 def _seconds(value: float | None) -> str:

@@ -46,6 +46,14 @@ class TaskDay(NamedTuple):
     today: date
 
 
+class HourCounts(NamedTuple):
+    """Attempts ended in one UTC hour, summed over queues and tasks."""
+
+    hour: datetime
+    done: int
+    failed: int
+
+
 class _Deleted(NamedTuple):
     deleted: int
 
@@ -95,3 +103,9 @@ def task_days(cursor: Cursor, days: int, tasks: int) -> list[TaskDay]:
     ended the most jobs in them."""
     params = {"days": days, "tasks": tasks}
     return db.fetch_all_as(db.execute(cursor, query("task_days"), params), TaskDay)
+
+
+def hourly_attempts(cursor: Cursor, since: datetime) -> list[HourCounts]:
+    """The attempts done and failed in each rolled-up hour from ``since`` on, oldest first."""
+    params = {"since": since}
+    return db.fetch_all_as(db.execute(cursor, query("hourly_attempts"), params), HourCounts)

@@ -2,22 +2,30 @@
 for which user, when last used; making one (permission ``django_jobs.add_apitoken``), revoking
 (``django_jobs.revoke_apitoken``) and deleting (``django_jobs.delete_apitoken``).
 
-A token made here is shown once, on the page that answers its creation, and never again: only
-its hash is stored. Its user is the one who made it. A token cannot be changed: make another
-with the scope you want and revoke the old one.
+A token made here is shown once, on the page that answers its creation (with a copy button), and
+never again: only its hash is stored. A token's page has a Revoke button that asks first. Its
+user is the one who made it. A token cannot be changed: make another with the scope you want and
+revoke the old one.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from django_jobs import conf
+from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ApiToken
 from django_jobs.store import db
@@ -66,6 +74,11 @@ class NewTokenForm(forms.ModelForm):
         return _checked(auth.lifetime, text) if text else None
 
 
+def _when(value: datetime | None, empty: str) -> str:
+    """A time of the list, to the second in the current time zone."""
+    return empty if value is None else f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
+
+
 def _checked(check: Any, value: Any) -> Any:
     try:
         return check(value)
@@ -75,16 +88,80 @@ def _checked(check: Any, value: Any) -> Any:
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "shown_queues", "can_enqueue", "expires_at", "user",
-                    "created_at", "last_used_at", "revoked_at"]  # fmt: skip
-    list_filter = ["can_enqueue"]
+    list_display = ["name", "status", "prefix", "shown_queues", "can_enqueue", "shown_tasks",
+                    "expires", "user", "last_used"]  # fmt: skip
     search_fields = ["name"]
     actions = ["revoke_tokens"]
     form = NewTokenForm
 
+    class Media:
+        css = {"all": ["django_jobs/admin.css", "django_jobs/console.css"]}
+        js = ["django_jobs/console.js"]
+
     @admin.display(description="queues")
     def shown_queues(self, obj: ApiToken) -> str:
         return ", ".join(obj.queues)
+
+    @admin.display(description="tasks")
+    def shown_tasks(self, obj: ApiToken) -> str:
+        return ", ".join(obj.tasks) or "any of its queues'"
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, obj: ApiToken) -> str:
+        return _when(obj.expires_at, "never")
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, obj: ApiToken) -> str:
+        return _when(obj.last_used_at, "never")
+
+    @admin.display(description="status")
+    def status(self, obj: ApiToken) -> SafeString:
+        if obj.revoked_at is not None:
+            return badge("error", "revoked")
+        if obj.expires_at is not None and obj.expires_at <= timezone.now():
+            return badge("cancelled", "expired")
+        return badge("done", "active")
+
+    def get_urls(self) -> list[URLPattern]:
+        revoke = path(
+            "<int:pk>/revoke/",
+            self.admin_site.admin_view(self.revoke_view),
+            name="django_jobs_apitoken_revoke",
+        )
+        return [revoke, *super().get_urls()]
+
+    def revoke_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """The token page's Revoke button: a page that asks first (GET), then revokes (POST)."""
+        if not self.has_revoke_permission(request):
+            raise PermissionDenied
+        token = get_object_or_404(ApiToken, pk=pk)
+        if request.method == "POST":
+            db.commit_durably(conf.database_alias())  # under ATOMIC_REQUESTS
+            auth.revoke([token.pk])
+            self.message_user(
+                request,
+                f"Revoked the token {token.name}; servers of the API refuse it within "
+                f"{auth.CACHE_SECONDS:.0f} seconds.",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(reverse("admin:django_jobs_apitoken_change", args=[pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Revoke the API token {token.name}?",
+            "opts": self.opts,
+            "token": token,
+        }
+        return TemplateResponse(request, "admin/django_jobs/apitoken/revoke.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {"can_revoke": self.has_revoke_permission(request), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return FIELDS if obj is not None else NEW_FIELDS

@@ -92,3 +92,30 @@ def test_making_revoking_and_deleting_need_their_permissions() -> None:
     _, deleter = staff("deleter", "delete_apitoken")
     assert deleter.post(f"{URL}{row.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not ApiToken.objects.exists()
+
+
+def test_a_tokens_page_revokes_it_after_asking_and_the_list_shows_its_status() -> None:
+    row, _ = auth.create("fleet", ["remote"], tasks=["remote.upper"])
+    _, viewer = staff("viewer")
+    assert b"dj-revoke-token" not in viewer.get(f"{URL}{row.pk}/change/").content
+    assert viewer.post(f"{URL}{row.pk}/revoke/").status_code == 403
+    _, revoker = staff("revoker", "revoke_apitoken")
+    page = revoker.get(f"{URL}{row.pk}/change/").content.decode()
+    assert f"{URL}{row.pk}/revoke/" in page
+    ask = revoker.get(f"{URL}{row.pk}/revoke/")
+    assert ask.status_code == 200 and b"Yes, revoke it" in ask.content
+    row.refresh_from_db()
+    assert row.revoked_at is None  # asking changes nothing
+    assert b">active<" in revoker.get(URL).content and b"remote.upper" in revoker.get(URL).content
+    done = revoker.post(f"{URL}{row.pk}/revoke/")
+    assert done.status_code == 302
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    assert b">revoked<" in revoker.get(URL).content
+    assert b"dj-revoke-token" not in revoker.get(f"{URL}{row.pk}/change/").content
+
+
+def test_the_new_tokens_page_has_a_copy_button() -> None:
+    _, maker = staff("maker", "add_apitoken")
+    made = maker.post(f"{URL}add/", NEW).content.decode()
+    assert 'data-copy="api-token"' in made and "django_jobs/console.js" in made

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command, load_command_class
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from django_jobs import queues, store
 from django_jobs.exceptions import InvalidOption
@@ -404,3 +405,52 @@ def test_jobstats_shows_a_paused_queue_and_a_limit(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     (imports,) = [q for q in data["queues"] if q["queue"] == "imports"]
     assert imports["paused"] is True and imports["concurrency_limit"] == 3
+
+
+def test_a_limit_is_set_from_the_dashboard_with_the_permission_and_a_bad_one_changes_nothing(
+    client,
+) -> None:
+    JobFactory(queue="imports")
+    _staff(client, "view_job")
+    url = "/admin/django_jobs/dashboard/queues/imports/limit/"
+    assert client.post(url, {"limit": "3"}).status_code == 403
+    from django.contrib.auth.models import Permission, User
+
+    User.objects.get(username="ops").user_permissions.add(
+        Permission.objects.get(codename="change_queue")
+    )
+    response = client.post(url, {"limit": "3", "next": "/admin/django_jobs/queue/"})
+    assert response.status_code == 302 and response["Location"] == "/admin/django_jobs/queue/"
+    assert Queue.objects.get(name="imports").concurrency_limit == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        page = client.post(url, {"limit": bad}, follow=True).content.decode()
+        assert 'class="error"' in page, bad
+        assert Queue.objects.get(name="imports").concurrency_limit == 3
+    away = client.post(url, {"limit": "", "next": "https://evil.example/"})
+    assert away["Location"] == "/admin/django_jobs/dashboard/"
+    assert Queue.objects.get(name="imports").concurrency_limit is None
+
+
+def test_the_queues_page_lists_every_queue_with_its_counts(client) -> None:
+    JobFactory.create_batch(2, queue="default")
+    JobFactory(queue="imports", run_after=timezone.now() + timedelta(hours=1))
+    _staff(client, "view_queue", "view_job")
+    page = client.get("/admin/django_jobs/queue/").content.decode()
+    table = page.split('id="dj-queues"', 1)[1].split("</table>", 1)[0]
+    rows = {row.split("?queue=", 1)[1].split('"', 1)[0]: row for row in table.split("<tr>")[2:]}
+    assert {"default", "imports"} <= set(rows)
+    assert "<td>2</td>" in rows["default"]  # ready
+    assert "/admin/django_jobs/queue/add/?name=default" in rows["default"]
+
+
+def test_the_index_links_to_the_dashboard_without_a_model_row(client) -> None:
+    _staff(client, "view_job")
+    index = client.get("/admin/").content.decode()
+    assert 'id="dj-dashboard-link"' in index and "model-dashboard" not in index
+    from django.contrib.auth.models import Permission, User
+
+    User.objects.get(username="ops").user_permissions.set(
+        Permission.objects.filter(codename="view_apitoken")
+    )
+    index = client.get("/admin/").content.decode()
+    assert "dj-dashboard-link" not in index and "model-dashboard" not in index

@@ -395,3 +395,27 @@ def test_no_model_field_needs_django_contrib_postgres_installed() -> None:
                 f"{model.__name__}.{field.name}"
             )
     assert not apps.is_installed("django.contrib.postgres"), "the test project must not need it"
+
+
+def test_the_dashboards_chart_counts_attempts_per_hour_from_the_rollups_and_any_range_is_safe(
+    admin_client,
+) -> None:
+    from tests.factories import AttemptFactory, JobFactory
+
+    at = timezone.now() - timedelta(days=3)
+    for outcome in ("done", "done", "error"):
+        job = JobFactory(finished=True, state=outcome, finished_at=at)
+        AttemptFactory(job=job, outcome=outcome, started_at=at, finished_at=at)
+    rollups.roll_up()
+    Job.objects.all().delete()  # pruned: the chart reads the rollups
+    week = admin_client.get("/admin/django_jobs/dashboard/?range=7d").content.decode()
+    assert "attempts per hour" in week
+    assert ": 2 done, 1 failed</title>" in week
+    day = admin_client.get("/admin/django_jobs/dashboard/").content.decode()
+    assert "attempts per hour" in day and ": 2 done, 1 failed</title>" not in day
+    for bad in ("2y", "", "%00", "7d'--"):
+        response = admin_client.get("/admin/django_jobs/dashboard/", {"range": bad})
+        html = response.content.decode()
+        assert response.status_code == 200 and 'aria-current="page">24 h<' in html
+    hour = admin_client.get("/admin/django_jobs/dashboard/?range=1h").content.decode()
+    assert "attempts per minute" in hour

@@ -83,3 +83,14 @@ SELECT job_id, task, queue, worker_id, attempt, running_seconds, progress_done, 
        progress_percent, progress_message, progress_updated_at, progress_rate, eta_seconds
 FROM django_jobs_running WHERE progress_done IS NOT NULL
 ORDER BY started_at, job_id LIMIT 20
+
+-- name: throughput_hours
+-- Attempts ended per hour from %(since)s on (at most the view's last 24 hours), done and
+-- failed, from django_jobs_throughput: the hours the rollups do not hold yet. The minute bound
+-- reaches the attempts through attempt_finished_minute_idx.
+SELECT date_trunc('hour', minute) AS hour, sum(done)::bigint AS done,
+       sum(failed)::bigint AS failed
+FROM django_jobs_throughput
+WHERE minute >= %(since)s
+GROUP BY 1
+ORDER BY 1
