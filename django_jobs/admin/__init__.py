@@ -80,19 +80,11 @@ __all__ = [
 
 @admin.register(Job)
 class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
-    # Fits 1280 px: the queue and priority sit under the task, the three times are one column,
-    # and long task names, worker ids and errors wrap (admin.css).
-    list_display = [
-        "id",
-        "task_cell",
-        "state_badge",
-        "attempts",
-        "progress_column",
-        "worker_id",
-        "error_column",
-        "when",
-        "durations",
-    ]
+    # Fits 1280 px: the queue and priority sit under the task; the attempts, the progress bar
+    # and a scheduled job's time under its state; the three times and the durations are one
+    # column; long task names, worker ids and errors wrap; and below 1600 px the filters go
+    # under the list (admin.css).
+    list_display = ["id", "task_cell", "state_cell", "worker_id", "error_column", "when"]
     list_display_links = ["id", "task_cell"]
     list_filter = [
         StateFilter,
@@ -139,8 +131,8 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
             "Timing",
             {
                 "fields": [
-                    ("created_at", "run_after"),
-                    ("started_at", "finished_at", "took"),
+                    ("created_text", "run_after_text"),
+                    ("started_text", "finished_text", "took"),
                     "timeline",
                 ]
             },

@@ -191,8 +191,8 @@ class AttemptInline(admin.TabularInline):
     fields = readonly_fields = (
         "number",
         "worker_id",
-        "started_at",
-        "finished_at",
+        "started",
+        "finished",
         "took",
         "result",
         "details",
@@ -207,6 +207,14 @@ class AttemptInline(admin.TabularInline):
         return False
 
     took = _took
+
+    @admin.display(description="started at")
+    def started(self, attempt: Attempt) -> SafeString | str:
+        return moment(attempt.started_at)
+
+    @admin.display(description="finished at")
+    def finished(self, attempt: Attempt) -> SafeString | str:
+        return moment(attempt.finished_at)
 
     @admin.display(description="outcome")
     def result(self, attempt: Attempt) -> SafeString:
@@ -239,6 +247,19 @@ class JobColumns(admin.ModelAdmin):
     def state_badge(self, job: Job) -> SafeString:
         return state_badge(job)
 
+    @admin.display(description="state", ordering="state")
+    def state_cell(self, job: Job) -> SafeString:
+        """The list's state column: the badge, then the attempts and, while it runs, the
+        progress bar."""
+        progress = self.progress_column(job)
+        return format_html(
+            '{}<div class="dj-muted dj-attempts">attempt {} of {}</div>{}',
+            state_badge(job),
+            job.attempt,
+            job.max_attempts,
+            format_html('<div class="dj-cell-progress">{}</div>', progress) if progress else "",
+        )
+
     @admin.display(description="task", ordering="task")
     def task_cell(self, job: Job) -> SafeString:
         """The task's name, its queue and its priority under it."""
@@ -256,19 +277,23 @@ class JobColumns(admin.ModelAdmin):
 
     @admin.display(description="when", ordering="id")
     def when(self, job: Job) -> SafeString:
-        """Created, started and finished, stacked, each to the second."""
-        rows = [
-            ("created", job.created_at),
-            ("started", job.started_at),
-            ("finished", job.finished_at),
+        """Created, started and finished, stacked, each to the second, and how long the job
+        waited in its queue and ran."""
+        rows: list[tuple[str, SafeString | str]] = [
+            (label, moment(at))
+            for label, at in (
+                ("created", job.created_at),
+                ("started", job.started_at),
+                ("finished", job.finished_at),
+            )
+            if at is not None
         ]
+        if job.started_at is not None:
+            rows.append(("waited", duration(waited(job))))
+            rows.append(("ran", duration(job.duration) if job.finished_at else ran_so_far(job)))
         return format_html(
             '<dl class="dj-when">{}</dl>',
-            format_html_join(
-                "",
-                "<dt>{}</dt><dd>{}</dd>",
-                ((label, moment(at)) for label, at in rows if at is not None),
-            ),
+            format_html_join("", "<dt>{}</dt><dd>{}</dd>", rows),
         )
 
     @admin.display(description="durations")
@@ -318,7 +343,22 @@ class JobColumns(admin.ModelAdmin):
 
     took = _took
 
-    @admin.display(description="error")
+    @admin.display(description="created at")
+    def created_text(self, job: Job) -> SafeString | str:
+        return moment(job.created_at)
+
+    @admin.display(description="run after")
+    def run_after_text(self, job: Job) -> SafeString | str:
+        return moment(job.run_after)
+
+    @admin.display(description="started at")
+    def started_text(self, job: Job) -> SafeString | str:
+        return moment(job.started_at)
+
+    @admin.display(description="finished at")
+    def finished_text(self, job: Job) -> SafeString | str:
+        return moment(job.finished_at)
+
     @admin.display(description="Controls")
     def controls_text(self, job: Job) -> str:
         """The job's limits and deadline, and, while a full rate window holds it, when it may
@@ -337,6 +377,7 @@ class JobColumns(admin.ModelAdmin):
                 parts.append(f"held by a rate limit until {timestamp(held)}")
         return "; ".join(parts) or "none"
 
+    @admin.display(description="error")
     def error_text(self, job: Job) -> str:
         return masked_text(job.error)
 
@@ -421,18 +462,22 @@ def job_summary(job: Job) -> SafeString:
     """The header of a job's page: its state, task, queue, attempts, how long it waited and ran,
     its worker and its relatives, and its last error, linked to that error's traceback, which
     follows, open when the job failed."""
-    scheduled = getattr(job, "is_scheduled", False)
     facts: list[tuple[str, SafeString | str]] = [
         ("state", state_badge(job)),
         ("task", format_html('<span class="dj-task">{}</span>', job.task)),
         ("queue", job.queue),
         ("attempts", f"{job.attempt} of {job.max_attempts}"),
         ("queued for", "not started yet" if job.started_at is None else duration(waited(job))),
-        ("ran for", duration(job.duration) if job.finished_at else ran_so_far(job)),
+        (
+            "ran for",
+            "-"
+            if job.started_at is None
+            else duration(job.duration)
+            if job.finished_at
+            else ran_so_far(job),
+        ),
         ("worker", job.worker_id or "-"),
     ]
-    if scheduled:
-        facts.insert(1, ("runs at", moment(job.run_after)))
     changelist = reverse("admin:django_jobs_job_changelist")
     relatives = []
     if job.parent_id:

@@ -56,7 +56,7 @@ def test_the_list_shows_jobs_newest_first_with_badges(superuser) -> None:
     ids = [job.pk for job in response.context["cl"].result_list]
     assert ids == [new.pk, old.pk]
     assert b'class="dj-badge dj-error"' in response.content
-    assert b"1/1" in response.content
+    assert b"attempt 1 of 1" in response.content
 
 
 @pytest.mark.parametrize(
@@ -487,7 +487,8 @@ def test_list_times_carry_seconds_with_the_full_timestamp_on_hover(superuser) ->
     content = superuser.get(CHANGELIST).content.decode()
     assert f'title="{local.isoformat(timespec="milliseconds")}"' in content
     assert f">{local:%Y-%m-%d %H:%M:%S}</time>" in content
-    assert "<dt>finished</dt>" in content and "ran " in content and "waited " in content
+    assert "<dt>finished</dt>" in content and "<dt>waited</dt>" in content
+    assert "<dt>ran</dt>" in content
 
 
 def test_state_tabs_count_each_state_and_say_about_past_the_exact_limit(
@@ -666,3 +667,18 @@ def test_a_running_jobs_live_log_shows_its_newest_lines_and_more_on_request(supe
     assert "last 400 of 500 lines" in live and "line 101\n" in live and "line 100\n" not in live
     for hostile in ("-5", "abc", "99999999999999999999999"):
         assert superuser.get(url, {"log_lines": hostile}).status_code == 200
+
+
+def test_the_job_page_shows_its_times_to_the_second_and_labels_its_controls(superuser) -> None:
+    from django.utils import timezone
+
+    job = JobFactory(finished=True, error="")
+    AttemptFactory(job=job, number=1, outcome="done", started_at=job.started_at,
+                   finished_at=job.finished_at)  # fmt: skip
+    page = superuser.get(reverse("admin:django_jobs_job_change", args=[job.pk])).content.decode()
+    for when in (job.created_at, job.started_at, job.finished_at):
+        local = timezone.localtime(when)
+        shown = f'title="{local.isoformat(timespec="milliseconds")}">{local:%Y-%m-%d %H:%M:%S}'
+        assert shown in page
+    assert page.count(f">{timezone.localtime(job.started_at):%Y-%m-%d %H:%M:%S}</time>") >= 2
+    assert "<label>Controls:</label>" in page and "<label>Error:</label>" in page
