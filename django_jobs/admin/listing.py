@@ -60,6 +60,11 @@ class EstimatedCountPaginator(Paginator):
     def count(self) -> int:
         return self._counted[0]
 
+    @property
+    def shown_count(self) -> str:
+        """The count as the list shows it: ``"about 940,000"`` when estimated."""
+        return f"about {self.count:,}" if self.estimated else f"{self.count:,}"
+
 
 def scheduled() -> Q:
     """Pending jobs whose ``run_after`` is still ahead, by the database's clock: not ready yet."""
