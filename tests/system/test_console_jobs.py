@@ -208,3 +208,26 @@ def test_a_scheduled_jobs_page_says_when_it_runs(
     assert page.locator("#dj-traceback").count() == 0
     shoot(page, "job-scheduled", width)
     page.context.close()
+
+
+def test_the_lists_auto_refresh_is_remembered_and_waits_while_rows_are_selected(
+    browser, live_server, operator
+) -> None:
+    fill()
+    page = open_page(browser, live_server, WIDTHS[0])
+    page.goto(f"{live_server.url}/admin/django_jobs/job/")
+    assert page.locator("#dj-refresh").input_value() == "0"  # off by default
+    page.select_option("#dj-refresh", "5")
+    assert page.evaluate("localStorage.getItem('django-jobs.refresh')") == "5"
+    page.reload()
+    assert page.locator("#dj-refresh").input_value() == "5"
+    # With a row selected for an action, the page is left alone.
+    page.evaluate("window.djMarker = 1")
+    page.locator("#result_list input.action-select").first.check()
+    page.wait_for_timeout(6500)
+    assert page.evaluate("window.djMarker") == 1
+    page.locator("#result_list input.action-select").first.uncheck()
+    with page.expect_navigation(timeout=12_000):
+        pass
+    assert page.evaluate("window.djMarker") is None
+    page.context.close()
