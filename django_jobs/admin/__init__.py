@@ -25,7 +25,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
 from django_jobs.admin.actions import JobActions
 from django_jobs.admin.dashboard import DashboardAdmin, link_from_index
@@ -39,8 +39,10 @@ from django_jobs.admin.filters import (
     RecentFilter,
     StateFilter,
     TaskFilter,
+    state_tabs,
 )
 from django_jobs.admin.listing import (
+    ARGUMENT_SEARCH_DEPTH,
     MAX_JOB_ID,
     EstimatedCountPaginator,
     JobList,
@@ -78,21 +80,12 @@ __all__ = [
 
 @admin.register(Job)
 class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
-    list_display = [
-        "id",
-        "task",
-        "state_badge",
-        "queue",
-        "priority",
-        "attempts",
-        "progress_column",
-        "worker_id",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "took",
-    ]
-    list_display_links = ["id", "task"]
+    # Fits 1280 px: the queue and priority sit under the task; the attempts, the progress bar
+    # and a scheduled job's time under its state; the three times and the durations are one
+    # column; long task names, worker ids and errors wrap; and below 1600 px the filters go
+    # under the list (admin.css).
+    list_display = ["id", "task_cell", "state_cell", "worker_id", "error_column", "when"]
+    list_display_links = ["id", "task_cell"]
     list_filter = [
         StateFilter,
         QueueFilter,
@@ -102,7 +95,11 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
         ParentFilter,
     ]
     search_fields = ["task"]  # see get_search_results
-    search_help_text = "Exact job id, task name prefix, worker id prefix, or exact unique key."
+    search_help_text = (
+        "Exact job id, task name prefix, worker id prefix, exact unique key, or an argument "
+        f'value as key=value (report_id=7, name="x"), looked for among the newest '
+        f"{ARGUMENT_SEARCH_DEPTH:,} jobs only; masked arguments cannot be searched."
+    )
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -134,8 +131,8 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
             "Timing",
             {
                 "fields": [
-                    ("created_at", "run_after"),
-                    ("started_at", "finished_at", "took"),
+                    ("created_text", "run_after_text"),
+                    ("started_text", "finished_text", "took"),
                     "timeline",
                 ]
             },
@@ -148,6 +145,14 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
 
     class Media:
         css = {"all": ["django_jobs/admin.css"]}
+        js = ["django_jobs/jobs.js"]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The list, with its state tabs (``state_tabs``) above it."""
+        context = {**(extra_context or {}), "state_tabs": state_tabs(request)}
+        return super().changelist_view(request, context)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """The page of a job that ended done although it was asked to stop says so, under its

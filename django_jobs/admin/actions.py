@@ -21,6 +21,8 @@ from django.urls import URLPattern, path, reverse
 
 from django_jobs import conf, operator_actions
 from django_jobs.admin.checkpoint import JobCheckpoint, job_checkpoint
+from django_jobs.admin.display import LIVE_LINES, job_summary, live_log
+from django_jobs.admin.listing import job_id
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
@@ -200,11 +202,16 @@ class JobActions(PageButtons):
         return object_button(self, request, Job, pk, action, allowed)
 
     def page_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
-        """The job page's buttons, and its steps and cursors (``job_checkpoint``)."""
+        """The job page's buttons, its summary, its steps and cursors (``job_checkpoint``), and
+        the live log of its running attempt (``?log_lines=`` of its last lines)."""
         checkpoint = job_checkpoint(job)
+        running = job.attempts.filter(outcome="running").order_by("-number", "-id").first()
+        wanted = job_id(request.GET.get("log_lines", "")) or LIVE_LINES
         return {
             "job_buttons": self.page_buttons(request, job, checkpoint),
             "job_checkpoint": checkpoint,
+            "job_summary": job_summary(job),
+            "job_live_log": live_log(running, wanted) if running and running.log else None,
         }
 
     def page_buttons(

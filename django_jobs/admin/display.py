@@ -15,9 +15,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
-from django_jobs.admin.masking import masked_error, masked_json, masked_text
+from django_jobs.admin.masking import folded_traceback, masked_error, masked_json, masked_text
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.progress import Shown, count
@@ -27,8 +27,13 @@ from django_jobs.states import State
 from django_jobs.store import job_reads
 from django_jobs.store.overview import progress_bar
 
-#: Lines of a running attempt's log shown open on the job page.
-LIVE_LINES = 40
+#: Lines of a running attempt's log shown on the job page, and the most a request may ask for
+#: (``?log_lines=``, a "show more" link adds :data:`LIVE_LINES` at a time).
+LIVE_LINES = 200
+MAX_LIVE_LINES = 5_000
+
+#: The error column shows this many characters of the error's first line (all of it on hover).
+ERROR_WIDTH = 90
 
 
 def badge(state: str, label: str | None = None) -> SafeString:
@@ -51,6 +56,73 @@ def timestamp(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def moment(when: datetime | None) -> SafeString | str:
+    """A moment to the second in the current time zone, its full ISO timestamp (with its zone)
+    on hover."""
+    if when is None:
+        return "-"
+    local = timezone.localtime(when) if timezone.is_aware(when) else when
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        local.isoformat(),
+        local.isoformat(timespec="milliseconds"),
+        local.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text``, found without splitting all of it."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end == -1 else end
+        line = text[start:end].strip()
+        if line:
+            return line
+        start = end + 1
+    return ""
+
+
+def error_head(error: str) -> SafeString | str:
+    """The error column: the first line of the job's last error, masked, shortened to
+    :data:`ERROR_WIDTH` characters, the whole line on hover."""
+    line = mask_text(first_line(error[:4096]))
+    if not line:
+        return ""
+    short = line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 1] + "…"
+    return format_html('<span class="dj-error-head" title="{}">{}</span>', line, short)
+
+
+def waited(job: Job) -> timedelta | None:
+    """How long a started job waited in its queue: from when it could first run to its start."""
+    if job.started_at is None or job.created_at is None:
+        return None
+    ready = max(job.created_at, job.run_after) if job.run_after else job.created_at
+    return max(job.started_at - ready, timedelta(0))
+
+
+def ran_so_far(job: Job) -> str:
+    """How long a running job has run; ``…`` for a job that started and has no end."""
+    if job.state != State.RUNNING or job.started_at is None:
+        return "…"
+    return duration(max(timezone.now() - job.started_at, timedelta(0))) + " so far"
+
+
+def state_badge(job: Job) -> SafeString:
+    """A job's state badge; a pending job whose ``run_after`` is ahead (``is_scheduled``, by the
+    database's clock: see ``JobList.get_queryset``) is ``scheduled``, with that time under it."""
+    if getattr(job, "is_scheduled", False):
+        return format_html(
+            '{}<div class="dj-muted dj-run-after">at {}</div>',
+            badge("scheduled"),
+            moment(job.run_after),
+        )
+    label = job.state
+    if job.state == State.RUNNING and job.cancel_requested:
+        label = "running (cancelling)"
+    return badge(job.state, label)
+
+
 def progress_details(shown: Shown) -> SafeString:
     """The job page's progress: the bar, the counts, the message, when it was last updated,
     and the rate and time left when the total is known."""
@@ -71,25 +143,38 @@ def progress_details(shown: Shown) -> SafeString:
 
 
 def attempt_log(attempt: Attempt) -> SafeString | str:
-    """An attempt's captured log, folded; a running attempt's last lines, open. Shown as it is
-    stored, escaped but not masked again: every writer masks it before storing it (see
-    log_tail.py), and it is the one text here that can be long."""
+    """An attempt's captured log, folded; a running attempt's, a link to the live log under the
+    attempts (:func:`live_log`). Shown as it is stored, escaped but not masked again: every
+    writer masks it before storing it (see log_tail.py), and it is the one text here that can
+    be long."""
     if not attempt.log:
         return ""
     lines = attempt.log.splitlines()
     if attempt.outcome == "running":
-        return format_html(
-            '<details class="dj-log" open><summary>last {} of {} lines (live)</summary>'
-            "<pre>{}</pre></details>",
-            min(LIVE_LINES, len(lines)),
-            len(lines),
-            "\n".join(lines[-LIVE_LINES:]),
-        )
+        return format_html('<a href="#dj-live-log">live log, {} lines, below</a>', len(lines))
     return format_html(
         '<details class="dj-log"><summary>log ({} lines)</summary><pre>{}</pre></details>',
         len(lines),
         attempt.log,
     )
+
+
+def live_log(attempt: Attempt, lines_wanted: int) -> dict[str, Any]:
+    """The job page's live log of its running ``attempt``: its last ``lines_wanted`` lines (at
+    most :data:`MAX_LIVE_LINES`), how many it has, and how many more a click would show. Shown
+    as stored, as :func:`attempt_log` says."""
+    lines = (attempt.log or "").splitlines()
+    shown = max(1, min(lines_wanted, MAX_LIVE_LINES))
+    more = min(len(lines), MAX_LIVE_LINES) - min(shown, len(lines))
+    return {
+        "text": "\n".join(lines[-shown:]),
+        "shown": min(shown, len(lines)),
+        "total": len(lines),
+        "more": min(more, LIVE_LINES),
+        "next": shown + LIVE_LINES,
+        "number": attempt.number,
+        "worker_id": attempt.worker_id,
+    }
 
 
 @admin.display(description="duration")
@@ -106,8 +191,8 @@ class AttemptInline(admin.TabularInline):
     fields = readonly_fields = (
         "number",
         "worker_id",
-        "started_at",
-        "finished_at",
+        "started",
+        "finished",
         "took",
         "result",
         "details",
@@ -122,6 +207,14 @@ class AttemptInline(admin.TabularInline):
         return False
 
     took = _took
+
+    @admin.display(description="started at")
+    def started(self, attempt: Attempt) -> SafeString | str:
+        return moment(attempt.started_at)
+
+    @admin.display(description="finished at")
+    def finished(self, attempt: Attempt) -> SafeString | str:
+        return moment(attempt.finished_at)
 
     @admin.display(description="outcome")
     def result(self, attempt: Attempt) -> SafeString:
@@ -152,16 +245,75 @@ class JobColumns(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, job: Job) -> SafeString:
-        label = job.state
-        if job.state == State.RUNNING and job.cancel_requested:
-            label = "running (cancelling)"
-        return badge(job.state, label)
+        return state_badge(job)
+
+    @admin.display(description="state", ordering="state")
+    def state_cell(self, job: Job) -> SafeString:
+        """The list's state column: the badge, then the attempts and, while it runs, the
+        progress bar."""
+        progress = self.progress_column(job)
+        return format_html(
+            '{}<div class="dj-muted dj-attempts">attempt {} of {}</div>{}',
+            state_badge(job),
+            job.attempt,
+            job.max_attempts,
+            format_html('<div class="dj-cell-progress">{}</div>', progress) if progress else "",
+        )
+
+    @admin.display(description="task", ordering="task")
+    def task_cell(self, job: Job) -> SafeString:
+        """The task's name, its queue and its priority under it."""
+        priority = f" · priority {job.priority}" if job.priority else ""
+        return format_html(
+            '<span class="dj-task">{}</span><div class="dj-muted">{}{}</div>',
+            job.task,
+            job.queue,
+            priority,
+        )
+
+    @admin.display(description="error")
+    def error_column(self, job: Job) -> SafeString | str:
+        return error_head(job.error)
+
+    @admin.display(description="when", ordering="id")
+    def when(self, job: Job) -> SafeString:
+        """Created, started and finished, stacked, each to the second, and how long the job
+        waited in its queue and ran."""
+        rows: list[tuple[str, SafeString | str]] = [
+            (label, moment(at))
+            for label, at in (
+                ("created", job.created_at),
+                ("started", job.started_at),
+                ("finished", job.finished_at),
+            )
+            if at is not None
+        ]
+        if job.started_at is not None:
+            rows.append(("waited", duration(waited(job))))
+            rows.append(("ran", duration(job.duration) if job.finished_at else ran_so_far(job)))
+        return format_html(
+            '<dl class="dj-when">{}</dl>',
+            format_html_join("", "<dt>{}</dt><dd>{}</dd>", rows),
+        )
+
+    @admin.display(description="durations")
+    def durations(self, job: Job) -> SafeString | str:
+        """How long it ran, and how long it waited in its queue before it started."""
+        if job.started_at is None:
+            return "-"
+        return format_html(
+            '<div>ran {}</div><div class="dj-muted">waited {}</div>',
+            duration(job.duration) if job.finished_at else ran_so_far(job),
+            duration(waited(job)),
+        )
 
     @admin.display(description="cancel requested")
-    def cancel_requested_text(self, job: Job) -> str:
-        """Plain words: Django's boolean icon would show a red cross for a job nobody asked to
-        stop, as if something were wrong."""
-        return "yes" if job.cancel_requested else "no"
+    def cancel_requested_text(self, job: Job) -> SafeString:
+        """Plain words, "no" muted: Django's boolean icon would show a red cross for a job
+        nobody asked to stop, as if something were wrong."""
+        if job.cancel_requested:
+            return format_html('<strong class="dj-flag">{}</strong>', "yes")
+        return format_html('<span class="dj-muted">{}</span>', "no")
 
     @admin.display(description="cancel request")
     def cancel_note(self, job: Job) -> SafeString:
@@ -191,7 +343,22 @@ class JobColumns(admin.ModelAdmin):
 
     took = _took
 
-    @admin.display(description="error")
+    @admin.display(description="created at")
+    def created_text(self, job: Job) -> SafeString | str:
+        return moment(job.created_at)
+
+    @admin.display(description="run after")
+    def run_after_text(self, job: Job) -> SafeString | str:
+        return moment(job.run_after)
+
+    @admin.display(description="started at")
+    def started_text(self, job: Job) -> SafeString | str:
+        return moment(job.started_at)
+
+    @admin.display(description="finished at")
+    def finished_text(self, job: Job) -> SafeString | str:
+        return moment(job.finished_at)
+
     @admin.display(description="Controls")
     def controls_text(self, job: Job) -> str:
         """The job's limits and deadline, and, while a full rate window holds it, when it may
@@ -210,6 +377,7 @@ class JobColumns(admin.ModelAdmin):
                 parts.append(f"held by a rate limit until {timestamp(held)}")
         return "; ".join(parts) or "none"
 
+    @admin.display(description="error")
     def error_text(self, job: Job) -> str:
         return masked_text(job.error)
 
@@ -282,3 +450,79 @@ class JobColumns(admin.ModelAdmin):
                 ((timestamp(when), badge(state, text)) for when, text, state in events),
             ),
         )
+
+
+def _link(job_pk: int, text: str) -> SafeString:
+    return format_html(
+        '<a href="{}">{}</a>', reverse("admin:django_jobs_job_change", args=[job_pk]), text
+    )
+
+
+def job_summary(job: Job) -> SafeString:
+    """The header of a job's page: its state, task, queue, attempts, how long it waited and ran,
+    its worker and its relatives, and its last error, linked to that error's traceback, which
+    follows, open when the job failed."""
+    facts: list[tuple[str, SafeString | str]] = [
+        ("state", state_badge(job)),
+        ("task", format_html('<span class="dj-task">{}</span>', job.task)),
+        ("queue", job.queue),
+        ("attempts", f"{job.attempt} of {job.max_attempts}"),
+        ("queued for", "not started yet" if job.started_at is None else duration(waited(job))),
+        (
+            "ran for",
+            "-"
+            if job.started_at is None
+            else duration(job.duration)
+            if job.finished_at
+            else ran_so_far(job),
+        ),
+        ("worker", job.worker_id or "-"),
+    ]
+    changelist = reverse("admin:django_jobs_job_changelist")
+    relatives = []
+    if job.parent_id:
+        relatives.append(format_html("parent {}", _link(job.parent_id, f"#{job.parent_id}")))
+    children = job.children.count()
+    if children:
+        relatives.append(
+            format_html('<a href="{}?parent={}">{} child{}</a>', changelist, job.pk, children,
+                        "" if children == 1 else "ren")
+        )  # fmt: skip
+    for title, related in (("depends on", job.dependencies), ("needed by", job.dependents)):
+        ids = list(related.values_list("id", flat=True)[:10])
+        if ids:
+            links = format_html_join(", ", "{}", ((_link(pk, f"#{pk}"),) for pk in ids))
+            relatives.append(format_html("{} {}", title, links))
+    if relatives:
+        facts.append(("related", format_html_join(" · ", "{}", ((r,) for r in relatives))))
+    rows = format_html_join("", '<div class="dj-fact"><dt>{}</dt><dd>{}</dd></div>', facts)
+    error = ""
+    traceback = (
+        job.attempts.exclude(traceback="")
+        .order_by("-number", "-id")
+        .values_list("traceback", flat=True)
+        .first()
+        if job.error
+        else None
+    )
+    if job.error:
+        link = mark_safe(' <a href="#dj-traceback">traceback ↓</a>') if traceback else ""
+        error = format_html(
+            '<div class="dj-summary-error"><strong>error</strong> {}{}</div>',
+            error_head(job.error),
+            link,
+        )
+    tb = ""
+    if traceback:
+        tb = format_html(
+            '<details class="dj-traceback dj-last-traceback" id="dj-traceback"{}>'
+            "<summary>traceback of the last error</summary>{}</details>",
+            mark_safe(" open") if job.state == State.ERROR else "",
+            folded_traceback(traceback),
+        )
+    return format_html(
+        '<div class="module dj-summary" id="dj-summary"><dl class="dj-facts">{}</dl>{}{}</div>',
+        rows,
+        error,
+        tb,
+    )

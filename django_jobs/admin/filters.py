@@ -4,6 +4,7 @@ registered tasks, time ranges), never a ``SELECT DISTINCT`` over the table.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
-from django_jobs.admin.listing import job_id
+from django_jobs.admin.listing import estimated_count, job_id, ready, scheduled
 from django_jobs.models.job import Job
 from django_jobs.registry import registry
 from django_jobs.states import State
@@ -33,11 +34,78 @@ class FixedChoicesFilter(admin.SimpleListFilter):
         return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
 
 
+def state_choices() -> list[tuple[str, str]]:
+    """The states, with ``scheduled`` after ``pending``."""
+    choices = list(State.choices)
+    at = choices.index((State.PENDING.value, State.PENDING.label))
+    choices.insert(at + 1, (StateFilter.SCHEDULED, "Scheduled"))
+    return choices
+
+
 class StateFilter(FixedChoicesFilter):
+    """The job's state, with pending split in two: ``pending`` is ready to run now, and
+    ``scheduled`` waits for its ``run_after`` (by the database's clock)."""
+
     title = parameter_name = field = "state"
+    SCHEDULED = "scheduled"
 
     def options(self) -> list[tuple[str, str]]:
-        return list(State.choices)
+        return state_choices()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return self.filtered(queryset, value) if value else queryset
+
+    @classmethod
+    def filtered(cls, queryset: QuerySet[Job], value: str) -> QuerySet[Job]:
+        if value == cls.SCHEDULED:
+            return queryset.filter(scheduled())
+        if value == State.PENDING:
+            return queryset.filter(ready())
+        return queryset.filter(state=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateTab:
+    """One tab above the list: a state, how many jobs are in it, and the list filtered on it."""
+
+    state: str
+    label: str
+    count: int
+    exact: bool
+    url: str
+    selected: bool
+
+    @property
+    def shown_count(self) -> str:
+        return f"{self.count:,}" if self.exact else f"about {self.count:,}"
+
+
+def state_tabs(request: HttpRequest) -> list[StateTab]:
+    """A tab for every state (scheduled apart from pending), with the jobs in it over the whole
+    table: exact up to :data:`~django_jobs.admin.listing.EXACT_LIMIT`, else the planner's
+    estimate, labelled "about". Each count stops at that limit (job_admin_state_idx serves every
+    state but done, whose rows are most of the table, so its count stops early)."""
+    current = request.GET.get(StateFilter.parameter_name, "")
+    others = request.GET.copy()
+    for name in (StateFilter.parameter_name, "p"):
+        others.pop(name, None)
+    tabs = [StateTab("", "All", *estimated_count(Job.objects.all()), _url(others, ""), not current)]
+    for value, label in state_choices():
+        queryset = StateFilter.filtered(Job.objects.all(), value)
+        tabs.append(
+            StateTab(
+                value, label, *estimated_count(queryset), _url(others, value), current == value
+            )
+        )
+    return tabs
+
+
+def _url(query: Any, state: str) -> str:
+    query = query.copy()
+    if state:
+        query[StateFilter.parameter_name] = state
+    return "?" + query.urlencode() if query else "?"
 
 
 class QueueFilter(FixedChoicesFilter):

@@ -56,7 +56,7 @@ def test_the_list_shows_jobs_newest_first_with_badges(superuser) -> None:
     ids = [job.pk for job in response.context["cl"].result_list]
     assert ids == [new.pk, old.pk]
     assert b'class="dj-badge dj-error"' in response.content
-    assert b"1/1" in response.content
+    assert b"attempt 1 of 1" in response.content
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,9 @@ def test_filters_offer_fixed_choices(superuser) -> None:
         spec.title: [c["display"] for c in spec.choices(response.context["cl"])]
         for spec in response.context["cl"].filter_specs
     }
-    assert filters["state"][1:] == ["Waiting", "Pending", "Running", "Done", "Error", "Cancelled"]
+    assert filters["state"][1:] == [
+        "Waiting", "Pending", "Scheduled", "Running", "Done", "Error", "Cancelled"
+    ]  # fmt: skip
     assert filters["queue"][1:] == ["default", "reports", "imports"]
     assert "tests.echo" in filters["task"]
 
@@ -439,3 +441,244 @@ def test_the_admin_retries_from_the_start_and_shows_a_jobs_steps_and_cursors(sup
     job.refresh_from_db()
     assert job.state == "pending"
     assert not Step.objects.filter(job_id=job.pk).exists() and job.cursors is None
+
+
+# ------------------------------------------------------------------ the console's job list
+
+
+def test_a_job_delayed_by_run_after_is_scheduled_not_pending(superuser) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ready = JobFactory(task="tests.echo")
+    later = JobFactory(task="tests.echo", run_after=timezone.now() + timedelta(hours=2))
+    response = superuser.get(CHANGELIST)
+    content = response.content.decode()
+    assert content.count('class="dj-badge dj-scheduled"') == 1
+    assert content.count('class="dj-badge dj-pending"') == 1
+    assert 'class="dj-muted dj-run-after">at <time' in content
+
+    def listed(state: str) -> list[Job]:
+        return list(superuser.get(CHANGELIST, {"state": state}).context["cl"].result_list)
+
+    assert listed("scheduled") == [later]
+    assert listed("pending") == [ready]
+
+
+def test_the_error_column_shows_the_first_line_masked_and_shortened(superuser) -> None:
+    long_line = "ValueError: postgres://bob:hunter2@db/x refused " + "x" * 200
+    JobFactory(state="error", attempt=1, finished_at=JobFactory().created_at,
+               error=f"\n{long_line}\nsecond line")  # fmt: skip
+    content = superuser.get(CHANGELIST).content.decode()
+    assert "hunter2" not in content and "second line" not in content
+    head = content.split('class="dj-error-head" title="', 1)[1]
+    title, shown = head.split('">', 1)
+    assert title.startswith("ValueError: postgres://bob:********@db/x refused xxx")
+    assert title.endswith("x" * 20)
+    assert shown.split("</span>", 1)[0].endswith("x…")
+
+
+def test_list_times_carry_seconds_with_the_full_timestamp_on_hover(superuser) -> None:
+    from django.utils import timezone
+
+    job = JobFactory(finished=True)
+    local = timezone.localtime(job.created_at)
+    content = superuser.get(CHANGELIST).content.decode()
+    assert f'title="{local.isoformat(timespec="milliseconds")}"' in content
+    assert f">{local:%Y-%m-%d %H:%M:%S}</time>" in content
+    assert "<dt>finished</dt>" in content and "<dt>waited</dt>" in content
+    assert "<dt>ran</dt>" in content
+
+
+def test_state_tabs_count_each_state_and_say_about_past_the_exact_limit(
+    superuser, monkeypatch
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_jobs.admin import listing
+
+    JobFactory.create_batch(3, finished=True)
+    JobFactory(run_after=timezone.now() + timedelta(days=1))
+    JobFactory()
+    tabs = {t.state: t for t in superuser.get(CHANGELIST).context["state_tabs"]}
+    assert (tabs[""].count, tabs["done"].count) == (5, 3)
+    assert (tabs["pending"].count, tabs["scheduled"].count, tabs["error"].count) == (1, 1, 0)
+    assert all(t.exact for t in tabs.values())
+    assert tabs["done"].url == "?state=done"
+
+    monkeypatch.setattr(listing, "EXACT_LIMIT", 2)
+    response = superuser.get(CHANGELIST, {"queue": "default"})
+    tabs = {t.state: t for t in response.context["state_tabs"]}
+    assert not tabs["done"].exact and tabs["done"].shown_count.startswith("about ")
+    assert tabs["pending"].shown_count == "1"
+    assert "queue=default" in tabs["done"].url and "state=done" in tabs["done"].url
+    assert 'id="dj-result-count">about ' in response.content.decode()
+
+
+def test_the_result_count_is_not_labelled_about_when_it_is_exact(superuser) -> None:
+    JobFactory.create_batch(2)
+    content = superuser.get(CHANGELIST).content.decode()
+    assert 'id="dj-result-count">2 jobs' in content and "estimated" not in content
+
+
+def test_an_argument_search_finds_jobs_by_keyword_or_positional_value(superuser) -> None:
+    by_int = JobFactory(kwargs={"report_id": 7, "name": "quarterly"})
+    by_text = JobFactory(kwargs={"report_id": "7"})
+    by_arg = JobFactory(args=["quarterly", 3])
+    JobFactory(kwargs={"report_id": 8})
+
+    def found(term: str) -> set[Job]:
+        response = superuser.get(CHANGELIST, {"q": term})
+        assert response.status_code == 200, term
+        return set(response.context["cl"].result_list)
+
+    assert found("report_id=7") == {by_int, by_text}
+    assert found('report_id="7"') == {by_text}
+    assert found("name=quarterly") == {by_int, by_arg}
+    assert found('name="quarterly"') == {by_int, by_arg}
+    assert found("name=Quarterly") == set()
+
+
+def test_an_argument_search_looks_at_the_newest_jobs_only(superuser, monkeypatch) -> None:
+    from django_jobs.admin import listing
+
+    old = JobFactory(kwargs={"feed": 1})
+    new = JobFactory(kwargs={"feed": 1})
+    monkeypatch.setattr(listing, "ARGUMENT_SEARCH_DEPTH", 1)
+    assert list(superuser.get(CHANGELIST, {"q": "feed=1"}).context["cl"].result_list) == [new]
+    assert old.pk < new.pk
+
+
+def test_an_argument_search_refuses_masked_keys_and_values(superuser) -> None:
+    JobFactory(kwargs={"api_key": "sk-live-123", "dsn": "postgres://bob:hunter2@db/x"})
+    for term in ("api_key=sk-live-123", "password=s", "dsn=postgres://bob:hunter2@db/x"):
+        response = superuser.get(CHANGELIST, {"q": term}, follow=True)
+        assert list(response.context["cl"].result_list) == [], term
+        assert any("cannot be searched" in m for m in messages_of(response)), term
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        "a=" + "x" * 600,
+        "a=[1, {",
+        'a={"b": [1, 2]}',
+        "a=NaN",
+        "a=1e999",
+        "a=" + "9" * 400,
+        "=7",
+        "a==",
+        'a="\\ud800"',
+    ],
+)
+def test_a_hostile_argument_search_finds_nothing_and_never_fails(superuser, term) -> None:
+    JobFactory(kwargs={"a": 1})
+    response = superuser.get(CHANGELIST, {"q": term})
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+
+
+def test_a_search_with_a_nul_character_is_refused_with_a_message(superuser) -> None:
+    JobFactory(kwargs={"a": 1})
+    response = superuser.get(CHANGELIST, {"q": "a=\x00"})
+    assert response.status_code == 200
+    assert "Null characters are not allowed." in messages_of(response)
+
+
+# ------------------------------------------------------------------ the console's job page
+
+EXECUTOR_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/venv/lib/python3.12/site-packages/django_jobs/worker/executor.py", line 80, in run
+    result = call(job)
+             ^^^^^^^^^
+  File "/srv/app/venv/lib/python3.12/site-packages/django_jobs/worker/executor.py", line 41, in call
+    return function(*args, **kwargs)
+  File "/srv/app/reports/tasks.py", line 12, in build
+    connect("postgres://bob:hunter2@db/x")
+ValueError: feed 3 is broken"""
+
+
+def test_a_failed_jobs_page_opens_with_a_summary_and_its_traceback_open(superuser) -> None:
+    parent = JobFactory(task="reports.parent", state="waiting", attempt=1)
+    job = JobFactory(
+        task="reports.build", state="error", attempt=2, max_attempts=3, parent=parent,
+        started_at=parent.created_at, finished_at=parent.created_at,
+        worker_id="pod-7:1:abc", error="ValueError: feed 3 is broken",
+    )  # fmt: skip
+    AttemptFactory(job=job, number=1, outcome="error", error="old", traceback="old traceback")
+    AttemptFactory(job=job, number=2, outcome="error", error=job.error,
+                   traceback=EXECUTOR_TRACEBACK)  # fmt: skip
+    JobFactory.create_batch(2, parent=job)
+    content = superuser.get(reverse("admin:django_jobs_job_change", args=[job.pk])).content
+    page = content.decode()
+    summary = page.split('id="dj-summary"', 1)[1].split("</dl>", 1)[0]
+    assert "2 of 3" in summary and "reports.build" in summary and "pod-7:1:abc" in summary
+    assert f'href="{CHANGELIST}?parent={job.pk}">2 children</a>' in summary
+    assert (
+        f'parent <a href="{reverse("admin:django_jobs_job_change", args=[parent.pk])}"' in summary
+    )
+    assert '<a href="#dj-traceback">traceback' in page
+    assert '<details class="dj-traceback dj-last-traceback" id="dj-traceback" open>' in page
+    last = page.split('id="dj-traceback"', 1)[1].split("</div></details>", 1)[0]
+    assert "<summary>2 django-jobs frames</summary>" in last
+    assert "reports/tasks.py" in last and "old traceback" not in last
+    assert "hunter2" not in page
+
+
+def test_a_traceback_is_shown_closed_for_a_job_that_is_retrying(superuser) -> None:
+    job = JobFactory(state="pending", attempt=1, error="ValueError: feed 3 is broken")
+    AttemptFactory(job=job, number=1, outcome="error", error=job.error,
+                   traceback=EXECUTOR_TRACEBACK)  # fmt: skip
+    page = superuser.get(reverse("admin:django_jobs_job_change", args=[job.pk])).content.decode()
+    assert '<details class="dj-traceback dj-last-traceback" id="dj-traceback">' in page
+
+
+def test_the_own_frames_are_folded_in_linear_time() -> None:
+    import time
+
+    from django_jobs.admin.masking import folded_traceback, frames
+
+    own = '  File "/x/django_jobs/worker/executor.py", line 1, in run\n    call()\n'
+    text = "Traceback (most recent call last):\n" + own * 3 + '  File "app.py", line 2\nE: x'
+    runs = frames(text)
+    assert [(o, len(lines)) for o, lines in runs] == [(False, 1), (True, 6), (False, 2)]
+    hostile = ('  File "' + "/django_jobs/" * 20_000 + "\n") * 10 + " " * 200_000 + "x"
+    started = time.perf_counter()
+    folded_traceback(hostile)
+    assert time.perf_counter() - started < 2
+
+
+def test_a_running_jobs_live_log_shows_its_newest_lines_and_more_on_request(superuser) -> None:
+    from django_jobs.admin.display import LIVE_LINES
+
+    job = JobFactory(claimed=True)
+    log = "\n".join(f"line {i}" for i in range(1, 501))
+    AttemptFactory(job=job, number=1, outcome="running", log=log)
+    url = reverse("admin:django_jobs_job_change", args=[job.pk])
+    page = superuser.get(url).content.decode()
+    live = page.split('id="dj-live-log"', 1)[1].split("</fieldset>", 1)[0]
+    assert f"last {LIVE_LINES} of 500 lines" in live
+    assert "line 500</pre>" in live and "line 300\n" not in live and "line 301\n" in live
+    assert f'href="?log_lines={2 * LIVE_LINES}#dj-live-log"' in live
+    live = superuser.get(url, {"log_lines": "400"}).content.decode().split('id="dj-live-log"')[1]
+    assert "last 400 of 500 lines" in live and "line 101\n" in live and "line 100\n" not in live
+    for hostile in ("-5", "abc", "99999999999999999999999"):
+        assert superuser.get(url, {"log_lines": hostile}).status_code == 200
+
+
+def test_the_job_page_shows_its_times_to_the_second_and_labels_its_controls(superuser) -> None:
+    from django.utils import timezone
+
+    job = JobFactory(finished=True, error="")
+    AttemptFactory(job=job, number=1, outcome="done", started_at=job.started_at,
+                   finished_at=job.finished_at)  # fmt: skip
+    page = superuser.get(reverse("admin:django_jobs_job_change", args=[job.pk])).content.decode()
+    for when in (job.created_at, job.started_at, job.finished_at):
+        local = timezone.localtime(when)
+        shown = f'title="{local.isoformat(timespec="milliseconds")}">{local:%Y-%m-%d %H:%M:%S}'
+        assert shown in page
+    assert page.count(f">{timezone.localtime(job.started_at):%Y-%m-%d %H:%M:%S}</time>") >= 2
+    assert "<label>Controls:</label>" in page and "<label>Error:</label>" in page

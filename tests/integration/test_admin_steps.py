@@ -297,7 +297,11 @@ def test_a_job_that_finished_despite_a_cancel_request_says_so(superuser) -> None
 
 
 def test_cancel_requested_reads_as_plain_words_not_a_red_cross(superuser) -> None:
-    for requested, words in [(False, "no"), (True, "yes")]:
+    # "no" is muted, not an alarm; "yes" stands out.
+    for requested, words in [
+        (False, '<span class="dj-muted">no</span>'),
+        (True, '<strong class="dj-flag">yes</strong>'),
+    ]:
         job = JobFactory(claimed=True, cancel_requested=requested)
         content = superuser.get(page_url(job)).content.decode()
         assert "icon-no.svg" not in content and "icon-yes.svg" not in content

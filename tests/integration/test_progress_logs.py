@@ -89,7 +89,7 @@ def test_the_job_list_shows_a_bar_and_the_job_page_the_details_and_logs(admin_cl
     assert 'class="dj-progress"' in listing and "75%" in listing
     page = admin_client.get(f"/admin/django_jobs/job/{job.pk}/change/").content.decode()
     assert "3 of 4" in page and "at 3" in page and "(attempt 1)" in page
-    assert "last 2 of 2 lines (live)" in page and "step one" in page
+    assert 'id="dj-live-log"' in page and "last 2 of 2 lines" in page and "step one" in page
     assert "hunter2" not in page and "password=********" in page
 
 
