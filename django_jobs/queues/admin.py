@@ -25,14 +25,39 @@ from django_jobs import conf, queues
 from django_jobs.admin.display import badge
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
+from django_jobs.rates import Rate, parse_rate, spell
 from django_jobs.store import db, overview
 from django_jobs.store import operations_views as stats
 
 
 class QueueForm(forms.ModelForm):
+    #: The queue's rate limit, spelled as JOBS_QUEUE_RATE_LIMITS spells it; saved through
+    #: queues.set_rate (the rate_limit and rate_period columns).
+    rate = forms.CharField(
+        required=False,
+        max_length=40,
+        label="Rate limit",
+        help_text="At most N of the queue's jobs start in any window of this length, across all "
+        'workers: "100/m", "10/s", "5/30m". Empty: no rate limit.',
+    )
+
     class Meta:
         model = Queue
         fields = ["name", "concurrency_limit"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.rate_limit and self.instance.rate_period:
+            self.fields["rate"].initial = spell(self.instance.rate_limit, self.instance.rate_period)
+
+    def clean_rate(self) -> Rate | None:
+        text = self.cleaned_data["rate"].strip()
+        if not text:
+            return None
+        try:
+            return parse_rate(text, "rate limit")
+        except InvalidOption as error:
+            raise forms.ValidationError(str(error)) from None
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
@@ -56,12 +81,26 @@ class QueueAdmin(admin.ModelAdmin):
     list_filter = ["paused"]
     search_fields = ["name"]
     actions = ["pause_queues", "resume_queues"]
-    readonly_fields = ["paused", "paused_by", "paused_at", "pause_reason", "limit_source"]
+    readonly_fields = [
+        "paused",
+        "paused_by",
+        "paused_at",
+        "pause_reason",
+        "limit_source",
+        "rate_text",
+    ]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:  # a new row: a queue to limit (pausing is an action)
-            return ["name", "concurrency_limit"]
-        return ["name", "concurrency_limit", "limit_source", *self.readonly_fields[:4]]
+            return ["name", "concurrency_limit", "rate"]
+        return [
+            "name",
+            "concurrency_limit",
+            "limit_source",
+            "rate",
+            "rate_text",
+            *self.readonly_fields[:4],
+        ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [*self.readonly_fields, "name"] if obj is not None else []
@@ -76,6 +115,15 @@ class QueueAdmin(admin.ModelAdmin):
             return "-"
         source = " (JOBS_QUEUE_LIMITS)" if obj.limit_source == Queue.LimitSource.SETTINGS else ""
         return f"{obj.concurrency_limit}{source}"
+
+    @admin.display(description="rate limit now")
+    def rate_text(self, obj: Queue) -> str:
+        if not obj.rate_limit or not obj.rate_period:
+            return "none"
+        source = (
+            " (JOBS_QUEUE_RATE_LIMITS)" if obj.rate_source == Queue.LimitSource.SETTINGS else ""
+        )
+        return spell(obj.rate_limit, obj.rate_period) + source
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -108,6 +156,8 @@ class QueueAdmin(admin.ModelAdmin):
         # Through queues.set_limit: the same checks as jobqueue, and idle workers are woken.
         db.commit_durably(conf.database_alias())  # the admin's transaction: a crash keeps it
         queues.set_limit(obj.name, obj.concurrency_limit, source=Queue.LimitSource.ADMIN)
+        if "rate" in form.changed_data:
+            queues.set_rate(obj.name, form.cleaned_data["rate"], source=Queue.LimitSource.ADMIN)
         obj.refresh_from_db()
 
     @admin.action(description="Pause selected queues", permissions=["pause"])

@@ -454,3 +454,26 @@ def test_the_index_links_to_the_dashboard_without_a_model_row(client) -> None:
     )
     index = client.get("/admin/").content.decode()
     assert "dj-dashboard-link" not in index and "model-dashboard" not in index
+
+
+def test_the_queue_admin_sets_and_clears_a_rate_limit(client) -> None:
+    JobFactory(queue="emails")
+    _staff(client, "view_queue", "add_queue", "change_queue", "view_job")
+    for bad in ("ten/s", "0/s", "5/0s"):
+        response = client.post(
+            "/admin/django_jobs/queue/add/",
+            {"name": "emails", "concurrency_limit": "", "rate": bad},
+        )
+        assert response.status_code == 200 and "rate limit" in response.content.decode()
+        assert not Queue.objects.exists()
+    client.post(
+        "/admin/django_jobs/queue/add/",
+        {"name": "emails", "concurrency_limit": "", "rate": "100/m"},
+    )
+    row = Queue.objects.get(name="emails")
+    assert (row.rate_limit, row.rate_period, row.rate_source) == (100, 60, "admin")
+    page = client.get(f"/admin/django_jobs/queue/{row.pk}/change/").content.decode()
+    assert 'value="100/m"' in page
+    client.post(f"/admin/django_jobs/queue/{row.pk}/change/", {"concurrency_limit": "", "rate": ""})
+    row.refresh_from_db()
+    assert (row.rate_limit, row.rate_period) == (None, None)

@@ -61,6 +61,8 @@ def shoot(page: Any, name: str, width: int) -> None:
     """Check that the page fits, then write ``docs/images/console-<name>-<width>.png``."""
     assert_fits(page)
     IMAGES.mkdir(parents=True, exist_ok=True)
+    # From the top: the admin's sidebar is sticky, and would show where the page was scrolled.
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(IMAGES / f"console-{name}-{width}.png"), full_page=True)
 
 
