@@ -101,8 +101,11 @@ def waited(job: Job) -> timedelta | None:
     return max(job.started_at - ready, timedelta(0))
 
 
-def ran_so_far(job: Job) -> str:
-    """How long a running job has run; ``…`` for a job that started and has no end."""
+def ran_for(job: Job) -> str:
+    """How long a started job ran: to its end, or so far while it runs; ``…`` for a job that
+    started and neither runs nor ended."""
+    if job.finished_at is not None:
+        return duration(job.duration)
     if job.state != State.RUNNING or job.started_at is None:
         return "…"
     return duration(max(timezone.now() - job.started_at, timedelta(0))) + " so far"
@@ -290,21 +293,10 @@ class JobColumns(admin.ModelAdmin):
         ]
         if job.started_at is not None:
             rows.append(("waited", duration(waited(job))))
-            rows.append(("ran", duration(job.duration) if job.finished_at else ran_so_far(job)))
+            rows.append(("ran", ran_for(job)))
         return format_html(
             '<dl class="dj-when">{}</dl>',
             format_html_join("", "<dt>{}</dt><dd>{}</dd>", rows),
-        )
-
-    @admin.display(description="durations")
-    def durations(self, job: Job) -> SafeString | str:
-        """How long it ran, and how long it waited in its queue before it started."""
-        if job.started_at is None:
-            return "-"
-        return format_html(
-            '<div>ran {}</div><div class="dj-muted">waited {}</div>',
-            duration(job.duration) if job.finished_at else ran_so_far(job),
-            duration(waited(job)),
         )
 
     @admin.display(description="cancel requested")
@@ -468,14 +460,7 @@ def job_summary(job: Job) -> SafeString:
         ("queue", job.queue),
         ("attempts", f"{job.attempt} of {job.max_attempts}"),
         ("queued for", "not started yet" if job.started_at is None else duration(waited(job))),
-        (
-            "ran for",
-            "-"
-            if job.started_at is None
-            else duration(job.duration)
-            if job.finished_at
-            else ran_so_far(job),
-        ),
+        ("ran for", "-" if job.started_at is None else ran_for(job)),
         ("worker", job.worker_id or "-"),
     ]
     changelist = reverse("admin:django_jobs_job_changelist")

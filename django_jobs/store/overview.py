@@ -133,7 +133,7 @@ def _context(alias: str, span: Range) -> dict[str, Any]:
         {**f, "error_text": mask_text(f["error"] or "")[:300]}
         for f in stats.recent_failures(limit=15, using=alias)
     ]
-    points = series(span, summary["generated_at"], using=alias)
+    points = series(span, summary["generated_at"], minutes, using=alias)
     tasks = [_task_row(t) for t in rollups.task_statistics(TASK_DAYS, TASKS, using=alias)]
     return {
         "summary": summary,
@@ -178,7 +178,9 @@ class Range:
 RANGES = {
     r.key: r
     for r in (
-        Range("1h", "1 h", timedelta(minutes=1), 60, "%H:%M", lambda t: t.minute % 10 == 0),
+        Range(
+            "1h", "1 h", timedelta(minutes=1), WINDOW_MINUTES, "%H:%M", lambda t: t.minute % 10 == 0
+        ),
         Range("24h", "24 h", timedelta(hours=1), 24, "%H:%M", lambda t: t.hour % 3 == 0),
         Range("7d", "7 d", timedelta(hours=1), 24 * 7, "%a %d %b", lambda t: t.hour == 0),
     )
@@ -191,17 +193,20 @@ def chosen_range(value: str | None) -> Range:
     return RANGES.get(value or "", RANGES[DEFAULT_RANGE])
 
 
-def series(span: Range, now: datetime, using: str | None = None) -> list[tuple[datetime, int, int]]:
+def series(
+    span: Range, now: datetime, minutes: list[dict[str, Any]], using: str | None = None
+) -> list[tuple[datetime, int, int]]:
     """Attempts (done, failed) ended in each slot of ``span`` up to ``now``, oldest first: per
-    minute from ``django_jobs_throughput`` for the last hour, per hour from the rollups (and the
-    attempts of the hours not rolled up yet) otherwise."""
+    minute from ``minutes``, the page's rows of ``django_jobs_throughput`` for its last
+    :data:`WINDOW_MINUTES`, for the last hour; per hour from the rollups (and the attempts of
+    the hours not rolled up yet) otherwise."""
     step = span.step
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     last = now - (now - epoch) % step
     starts = [last - step * (span.slots - 1 - i) for i in range(span.slots)]
     counts: dict[datetime, tuple[int, int]] = {}
     if span.unit == "minute":
-        for row in stats.throughput(span.slots, using=using):
+        for row in minutes:
             done, failed = counts.get(row["minute"], (0, 0))
             counts[row["minute"]] = (done + row["done"], failed + row["failed"])
     else:
