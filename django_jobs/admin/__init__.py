@@ -151,8 +151,11 @@ class JobAdmin(JobActions, JobColumns, JobList, admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """The list, with its state tabs (``state_tabs``) above it."""
-        context = {**(extra_context or {}), "state_tabs": state_tabs(request)}
-        return super().changelist_view(request, context)
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        if context is not None and "cl" in context:  # not a redirect, nor an action's own page
+            context["state_tabs"] = state_tabs(request, context["cl"])
+        return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """The page of a job that ended done although it was asked to stop says so, under its

@@ -81,18 +81,28 @@ class StateTab:
         return f"{self.count:,}" if self.exact else f"about {self.count:,}"
 
 
-def state_tabs(request: HttpRequest) -> list[StateTab]:
-    """A tab for every state (scheduled apart from pending), with the jobs in it over the whole
-    table: exact up to :data:`~django_jobs.admin.listing.EXACT_LIMIT`, else the planner's
-    estimate, labelled "about". Each count stops at that limit (job_admin_state_idx serves every
-    state but done, whose rows are most of the table, so its count stops early)."""
+def state_tabs(request: HttpRequest, changelist: Any) -> list[StateTab]:
+    """A tab for every state (scheduled apart from pending), with the jobs in it among those the
+    list's other filters and its search let through: the selected state narrows the list, never
+    its tabs. Each count is exact up to :data:`~django_jobs.admin.listing.EXACT_LIMIT` (a count
+    that stops there), else the planner's estimate, labelled "about". job_admin_state_idx serves
+    every state but done, whose rows are most of the table, so its count stops early.
+
+    ``changelist`` is the list's ``ChangeList``, whose rows are already counted: with no state
+    selected, the "All" tab takes that count rather than taking it again."""
     current = request.GET.get(StateFilter.parameter_name, "")
     others = request.GET.copy()
     for name in (StateFilter.parameter_name, "p"):
         others.pop(name, None)
-    tabs = [StateTab("", "All", *estimated_count(Job.objects.all()), _url(others, ""), not current)]
+    if current:
+        scope = changelist.get_queryset(request, exclude_parameters=[StateFilter.parameter_name])
+        everything = estimated_count(scope)
+    else:
+        scope = changelist.queryset
+        everything = (changelist.result_count, not changelist.paginator.estimated)
+    tabs = [StateTab("", "All", *everything, _url(others, ""), not current)]
     for value, label in state_choices():
-        queryset = StateFilter.filtered(Job.objects.all(), value)
+        queryset = StateFilter.filtered(scope, value)
         tabs.append(
             StateTab(
                 value, label, *estimated_count(queryset), _url(others, value), current == value

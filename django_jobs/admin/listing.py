@@ -201,7 +201,10 @@ class JobList(admin.ModelAdmin):
         value: a backward walk of the primary key, bounded by id, testing each row's payload
         (no index covers it)."""
         if term.refused:
-            messages.warning(request, term.refused, fail_silently=True)
+            # The state tabs search again (state_tabs): the operator is told once.
+            if not getattr(request, "_dj_search_refused", False):
+                messages.warning(request, term.refused, fail_silently=True)
+                request._dj_search_refused = True  # type: ignore[attr-defined]
             return queryset.none()
         newest = Job.objects.aggregate(newest=Max("id"))["newest"] or 0
         return queryset.filter(term.condition(), id__gt=newest - ARGUMENT_SEARCH_DEPTH)

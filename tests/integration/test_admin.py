@@ -518,6 +518,34 @@ def test_state_tabs_count_each_state_and_say_about_past_the_exact_limit(
     assert 'id="dj-result-count">about ' in response.content.decode()
 
 
+def test_state_tabs_count_within_the_lists_other_filters_and_its_search(superuser) -> None:
+    JobFactory.create_batch(2, queue="reports", finished=True)
+    JobFactory(queue="reports", task="tests.echo")
+    JobFactory.create_batch(3, queue="default", finished=True)
+    JobFactory(queue="default", state="error", attempt=1, max_attempts=1, finished=True)
+
+    response = superuser.get(CHANGELIST, {"queue": "reports"})
+    tabs = {t.state: t for t in response.context["state_tabs"]}
+    assert (tabs[""].count, tabs["done"].count, tabs["pending"].count) == (3, 2, 1)
+    assert tabs["error"].count == 0
+
+    # The selected state narrows the list, never its own tabs' counts.
+    response = superuser.get(CHANGELIST, {"queue": "default", "state": "error"})
+    tabs = {t.state: t for t in response.context["state_tabs"]}
+    assert (tabs[""].count, tabs["done"].count, tabs["error"].count) == (4, 3, 1)
+    assert tabs["error"].selected and len(response.context["cl"].result_list) == 1
+
+    response = superuser.get(CHANGELIST, {"q": "tests.ec"})
+    tabs = {t.state: t for t in response.context["state_tabs"]}
+    assert (tabs[""].count, tabs["pending"].count, tabs["done"].count) == (1, 1, 0)
+
+
+def test_a_refused_argument_search_warns_once(superuser) -> None:
+    response = superuser.get(CHANGELIST, {"q": "password=hunter2", "state": "done"})
+    warnings = [str(m) for m in response.context["messages"]]
+    assert len(warnings) == 1, warnings
+
+
 def test_the_result_count_is_not_labelled_about_when_it_is_exact(superuser) -> None:
     JobFactory.create_batch(2)
     content = superuser.get(CHANGELIST).content.decode()
