@@ -56,11 +56,11 @@ def timestamp(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def moment(when: datetime | None) -> SafeString | str:
+def moment(when: datetime | None, empty: str = "-") -> SafeString | str:
     """A moment to the second in the current time zone, its full ISO timestamp (with its zone)
-    on hover."""
+    on hover; ``empty`` when there is none."""
     if when is None:
-        return "-"
+        return empty
     local = timezone.localtime(when) if timezone.is_aware(when) else when
     return format_html(
         '<time datetime="{}" title="{}">{}</time>',

@@ -10,22 +10,21 @@ revoke the old one.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
-from django_jobs.admin.display import badge
+from django_jobs.admin.display import badge, moment
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ApiToken
 from django_jobs.store import db
@@ -74,11 +73,6 @@ class NewTokenForm(forms.ModelForm):
         return _checked(auth.lifetime, text) if text else None
 
 
-def _when(value: datetime | None, empty: str) -> str:
-    """A time of the list, to the second in the current time zone."""
-    return empty if value is None else f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
-
-
 def _checked(check: Any, value: Any) -> Any:
     try:
         return check(value)
@@ -106,19 +100,24 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def shown_tasks(self, obj: ApiToken) -> str:
         return ", ".join(obj.tasks) or "any of its queues'"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
+        """Each token, with whether it has expired by the database's clock, as the API checks."""
+        expired = ExpressionWrapper(Q(expires_at__lte=Now()), output_field=BooleanField())
+        return super().get_queryset(request).annotate(expired=expired)
+
     @admin.display(description="expires", ordering="expires_at")
-    def expires(self, obj: ApiToken) -> str:
-        return _when(obj.expires_at, "never")
+    def expires(self, obj: ApiToken) -> SafeString | str:
+        return moment(obj.expires_at, "never")
 
     @admin.display(description="last used", ordering="last_used_at")
-    def last_used(self, obj: ApiToken) -> str:
-        return _when(obj.last_used_at, "never")
+    def last_used(self, obj: ApiToken) -> SafeString | str:
+        return moment(obj.last_used_at, "never")
 
     @admin.display(description="status")
     def status(self, obj: ApiToken) -> SafeString:
         if obj.revoked_at is not None:
             return badge("error", "revoked")
-        if obj.expires_at is not None and obj.expires_at <= timezone.now():
+        if getattr(obj, "expired", False):
             return badge("cancelled", "expired")
         return badge("done", "active")
 

@@ -119,3 +119,24 @@ def test_the_new_tokens_page_has_a_copy_button() -> None:
     _, maker = staff("maker", "add_apitoken")
     made = maker.post(f"{URL}add/", NEW).content.decode()
     assert 'data-copy="api-token"' in made and "django_jobs/console.js" in made
+
+
+def test_the_list_says_expired_by_the_databases_clock_not_the_web_servers(monkeypatch) -> None:
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    row, _ = auth.create("old", ["remote"])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_jobs_api_token SET expires_at = now() - interval '1 minute' "
+            "WHERE id = %s",
+            [row.pk],
+        )
+    _, viewer = staff("viewer")
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(hours=1))  # a slow clock
+    listing = viewer.get(URL).content.decode()
+    assert ">expired<" in listing and ">active<" not in listing
+    assert "<time datetime=" in listing  # times as the job list shows them, hover included
