@@ -26,6 +26,7 @@ from django.db import OperationalError, connections
 
 from django_jobs import conf
 from django_jobs.cursor import Cursor
+from django_jobs.states import FAILED_OUTCOMES
 from django_jobs.store import db
 from django_jobs.store import rollups as statements
 from django_jobs.store.operations_views import reading
@@ -168,10 +169,6 @@ class TaskStatistics:
         """Jobs that ended in error among those that ended done or in error."""
         ended = self.done + self.failed
         return None if ended == 0 else self.failed / ended
-
-
-#: Attempt outcomes that count as failures.
-FAILED_OUTCOMES = ("error", "timeout", "lost", "crashed")
 
 
 def task_statistics(

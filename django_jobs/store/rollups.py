@@ -8,6 +8,7 @@ from datetime import date, datetime, timedelta
 from typing import NamedTuple
 
 from django_jobs.cursor import Cursor
+from django_jobs.states import FAILED_OUTCOMES
 from django_jobs.store import db
 from django_jobs.store.sql import query
 
@@ -107,5 +108,5 @@ def task_days(cursor: Cursor, days: int, tasks: int) -> list[TaskDay]:
 
 def hourly_attempts(cursor: Cursor, since: datetime) -> list[HourCounts]:
     """The attempts done and failed in each rolled-up hour from ``since`` on, oldest first."""
-    params = {"since": since}
+    params = {"since": since, "failed": sorted(FAILED_OUTCOMES)}
     return db.fetch_all_as(db.execute(cursor, query("hourly_attempts"), params), HourCounts)

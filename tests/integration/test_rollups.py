@@ -403,16 +403,18 @@ def test_the_dashboards_chart_counts_attempts_per_hour_from_the_rollups_and_any_
     from tests.factories import AttemptFactory, JobFactory
 
     at = timezone.now() - timedelta(days=3)
-    for outcome in ("done", "done", "error"):
-        job = JobFactory(finished=True, state=outcome, finished_at=at)
+    ended = [("done", "done"), ("done", "done"), ("error", "error"), ("error", "timeout"),
+             ("error", "lost"), ("cancelled", "cancelled")]  # fmt: skip
+    for state, outcome in ended:
+        job = JobFactory(finished=True, state=state, finished_at=at)
         AttemptFactory(job=job, outcome=outcome, started_at=at, finished_at=at)
     rollups.roll_up()
     Job.objects.all().delete()  # pruned: the chart reads the rollups
     week = admin_client.get("/admin/django_jobs/dashboard/?range=7d").content.decode()
     assert "attempts per hour" in week
-    assert ": 2 done, 1 failed</title>" in week
+    assert ": 2 done, 3 failed</title>" in week  # a cancelled attempt did not fail
     day = admin_client.get("/admin/django_jobs/dashboard/").content.decode()
-    assert "attempts per hour" in day and ": 2 done, 1 failed</title>" not in day
+    assert "attempts per hour" in day and ": 2 done, 3 failed</title>" not in day
     for bad in ("2y", "", "%00", "7d'--"):
         response = admin_client.get("/admin/django_jobs/dashboard/", {"range": bad})
         html = response.content.decode()

@@ -244,13 +244,12 @@ ORDER BY s.task, s.day, s.outcome
 
 -- name: hourly_attempts
 -- The dashboard's chart: attempts ended per UTC hour in the rolled-up hours from %(since)s on,
--- done and failed (error, timeout, lost, crashed), summed over queues and tasks; with the
+-- done and failed (states.FAILED_OUTCOMES), summed over queues and tasks; with the
 -- watermark, so that the hours after it are read from the attempts instead. Reads the unique
 -- index rollup_once_per_hour (the hour first), whatever the size of the job table.
 SELECT r.hour,
        coalesce(sum(r.attempts) FILTER (WHERE r.outcome = 'done'), 0)::bigint AS done,
-       coalesce(sum(r.attempts) FILTER (WHERE r.outcome IN ('error', 'timeout', 'lost',
-                                                            'crashed')), 0)::bigint AS failed
+       coalesce(sum(r.attempts) FILTER (WHERE r.outcome = ANY (%(failed)s)), 0)::bigint AS failed
 FROM django_jobs_rollup r
 WHERE r.hour >= %(since)s
 GROUP BY r.hour
