@@ -1,6 +1,7 @@
 """The admin of periodic jobs: the schedules with their next and last runs, pause, resume and run
 now (list actions and buttons on a schedule's page, each with its permission), and a form to add
-schedules of any registered task (:mod:`~django_jobs.schedules.forms`).
+schedules of any registered task (:mod:`~django_jobs.schedules.forms`), which reads the
+expression and zone as they are typed (``preview/``, fetched by ``schedules.js``).
 
 A schedule declared in code (``JOBS_SCHEDULES``, ``@job(schedule=...)``) can be paused, resumed
 and run from here, not edited: its code-owned fields are read-only. One that is no longer
@@ -19,7 +20,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.constants import LOOKUP_SEP
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -30,10 +32,10 @@ from django_jobs.admin.actions import Button, PageButtons, object_button
 from django_jobs.admin.display import badge
 from django_jobs.admin.listing import storable
 from django_jobs.admin.masking import masked_json, masked_text
-from django_jobs.exceptions import JobsError
+from django_jobs.exceptions import InvalidOption, JobsError
 from django_jobs.models.job import Job
 from django_jobs.models.schedule import Schedule
-from django_jobs.schedules import reading, ticks
+from django_jobs.schedules import cron, reading, ticks
 from django_jobs.schedules.forms import CODE_OWNED, ScheduleForm
 from django_jobs.schedules.ticks import EDITABLE
 from django_jobs.store import db
@@ -88,6 +90,7 @@ class ScheduleAdmin(PageButtons):
 
     class Media:
         css = {"all": ["django_jobs/admin.css", "django_jobs/schedules.css"]}
+        js = ["django_jobs/schedules.js"]
 
     # -------------------------------------------------------------- the rows
 
@@ -243,6 +246,8 @@ class ScheduleAdmin(PageButtons):
         expression = typed.get("cron") or (obj.cron if obj is not None else "")
         zone_name = typed.get("timezone") or (obj.timezone if obj is not None else "")
         context["schedule_reading"] = Reading.of(expression, zone_name)
+        if "cron" in form.fields:  # typed here, not declared in code: read as it is typed
+            context["schedule_preview_url"] = reverse("admin:django_jobs_schedule_preview")
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
@@ -344,7 +349,9 @@ class ScheduleAdmin(PageButtons):
         # pause, resume or run is its own short transaction, never one over the selection.
         non_atomic = transaction.non_atomic_requests(using=conf.database_alias())
         view = self.admin_site.admin_view(self.schedule_action_view)
+        preview = self.admin_site.admin_view(self.preview_view)
         urls = [
+            path("preview/", preview, name="django_jobs_schedule_preview"),
             *(
                 path(f"<int:pk>/{slug}/", view, {"action": action}, name=url_name(slug))
                 for slug, action in BUTTONS.values()
@@ -358,6 +365,23 @@ class ScheduleAdmin(PageButtons):
     def schedule_action_view(self, request: HttpRequest, pk: int, action: str) -> HttpResponse:
         """The buttons on a schedule's page: POST only, same permissions as the actions."""
         return object_button(self, request, Schedule, pk, action, self._allowed(request, action))
+
+    def preview_view(self, request: HttpRequest) -> HttpResponse:
+        """The form's "When it runs", for the expression and zone as typed (``?cron=`` and
+        ``?timezone=``), before anything is saved: their words and next runs, or what is wrong
+        with them. For whoever may add or change a schedule; it reads and writes nothing."""
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        if not (self.has_add_permission(request) or self.has_change_permission(request)):
+            raise PermissionDenied
+        expression = request.GET.get("cron", "").strip()
+        zone_name = request.GET.get("timezone", "").strip()
+        problem = typed_problem(expression, zone_name)
+        context = {
+            "schedule_reading": None if problem else Reading.of(expression, zone_name),
+            "schedule_problem": problem,
+        }
+        return TemplateResponse(request, "admin/django_jobs/schedule/reading.html", context)
 
     def page_buttons(self, request: HttpRequest, schedule: Schedule) -> list[Button]:
         """The buttons of ``schedule``'s page: pause or resume, and run now, as allowed."""
@@ -396,6 +420,25 @@ def on_clocks(moment: datetime, zone_name: str, seconds: bool = False) -> SafeSt
     )
 
 
+def typed_problem(expression: str, zone_name: str) -> str:
+    """What keeps a typed expression and zone from being read ("" when nothing does), in the
+    words the form's own check uses."""
+    if not expression:
+        return "Type a cron expression and a time zone: their next runs show here."
+    for name, value in (("cron", expression), ("timezone", zone_name)):
+        longest = LENGTHS[name]
+        if len(value) > longest:
+            return f"The {name} field takes at most {longest} characters."
+        if not storable(value):
+            return f"The {name} field holds a character that cannot be stored."
+    try:
+        cron.expand(expression)
+        cron.zone(zone_name)
+    except InvalidOption as error:
+        return str(error)
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Reading:
     """What a schedule's page shows above its fields: the expression in words, its zone, and
@@ -424,6 +467,9 @@ class Reading:
 
 #: How many of a schedule's next fire times its page lists.
 UPCOMING = 5
+#: The longest expression and zone name a schedule holds (their columns' lengths).
+LENGTHS = {"cron": Schedule.cron.field.max_length or 0,
+           "timezone": Schedule.timezone.field.max_length or 0}  # fmt: skip
 
 #: The buttons of a schedule's page: label → (URL slug, action).
 BUTTONS = {

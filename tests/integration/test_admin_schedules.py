@@ -395,3 +395,55 @@ def test_the_add_form_previews_a_valid_expression_after_a_post_with_other_errors
     assert reading.words == "at 09:00, on the 1st of each month"
     assert [moment.count("09:00 America/New_York") for moment in reading.upcoming] == [1] * 5
     assert not Schedule.objects.exists()
+
+
+PREVIEW = reverse("admin:django_jobs_schedule_preview")
+
+
+def test_the_preview_reads_what_is_typed_before_it_is_saved(superuser) -> None:
+    response = superuser.get(PREVIEW, {"cron": "30 6 * * mon-fri", "timezone": "Europe/Paris"})
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    content = response.content.decode()
+    assert "at 06:30, Monday to Friday" in content
+    assert content.count("06:30 Europe/Paris</time>") == 5
+    assert "(the server's is UTC)" in content
+    assert not Schedule.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "message"),
+    [
+        ("30 6 * *", "UTC", "has 4 field(s)"),
+        ("61 * * * *", "UTC", "invalid cron expression"),
+        ("0 3 * * *", "Mars/Olympus", "unknown timezone"),
+        ("0 3 * * *", "../../etc/passwd", "unknown timezone"),
+        ("0 3 * * *\x00", "UTC", "cannot be stored"),
+        ("* " * 5000, "UTC", "at most 200 characters"),
+        ("", "UTC", "Type a cron expression"),
+        ("<script>alert(1)</script>", "UTC", "&lt;script&gt;"),
+    ],
+)
+def test_the_preview_says_what_is_wrong_with_what_is_typed(superuser, cron, zone, message) -> None:
+    response = superuser.get(PREVIEW, {"cron": cron, "timezone": zone})
+    content = response.content.decode()
+    assert response.status_code == 200 and message in content, content
+    assert "<script>" not in content and "dj-next-fires" not in content
+
+
+def test_the_preview_needs_the_right_to_add_or_change_a_schedule() -> None:
+    viewer = User.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_schedule"))
+    client = Client()
+    client.force_login(viewer)
+    assert client.get(PREVIEW, {"cron": "@daily", "timezone": "UTC"}).status_code == 403
+    adder = staff()
+    assert adder.get(PREVIEW, {"cron": "@daily", "timezone": "UTC"}).status_code == 200
+    assert Client().get(PREVIEW).status_code == 302  # to the login page
+    assert adder.post(PREVIEW, {"cron": "@daily"}).status_code == 405
+
+
+def test_the_add_form_has_the_preview_box_and_a_code_schedules_page_has_none(superuser) -> None:
+    content = superuser.get(ADD).content.decode()
+    assert f'data-dj-preview="{PREVIEW}"' in content and "django_jobs/schedules.js" in content
+    content = superuser.get(change_url(make_schedule(source="code"))).content.decode()
+    assert "at 03:00" in content and "data-dj-preview" not in content

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_jobs.models import Schedule
 from tests.factories import JobFactory
-from tests.system.console import WIDTHS, open_page, shoot
+from tests.system.console import WIDTHS, assert_fits, open_page, shoot
 from tests.system.test_browser import browser  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -138,4 +138,33 @@ def test_a_schedules_page_shows_its_words_zone_and_next_five_runs_as_cronsim_cou
         server = moment.astimezone(ZoneInfo("UTC"))
         assert runs.nth(i).locator(".dj-server-time").inner_text().endswith(f"{server:%H:%M} UTC")
     shoot(page, "schedule", width)
+    page.context.close()
+
+
+def test_the_add_form_reads_the_expression_as_it_is_typed(browser, live_server, operator) -> None:  # noqa: F811
+    page = open_page(browser, live_server, 1280)
+    page.goto(f"{live_server.url}/admin/django_jobs/schedule/add/")
+    box = page.locator(".dj-reading-body")
+    assert "Type a cron expression" in box.inner_text()
+
+    page.fill("#id_timezone", PARIS)
+    page.fill("#id_cron", "30 6 * * mon-fri")
+    box.locator(".dj-next-fires li").nth(4).wait_for()
+    assert "at 06:30, Monday to Friday" in box.locator(".dj-cron-said").inner_text()
+    first = datetime.fromisoformat(
+        box.locator(".dj-next-fires time").first.get_attribute("datetime")
+    )
+    assert (
+        first.astimezone(ZoneInfo(PARIS)).replace(tzinfo=None)
+        == walls("30 6 * * mon-fri", PARIS, 1)[0]
+    )
+    shoot(page, "schedule-add", 1280)
+
+    page.fill("#id_cron", "30 6 * *")
+    page.wait_for_function(
+        "document.querySelector('.dj-reading-body').innerText.includes('has 4 field(s)')"
+    )
+    assert box.locator(".dj-next-fires").count() == 0
+    assert not Schedule.objects.exists()  # reading it saved nothing
+    assert_fits(page)
     page.context.close()
