@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from django_jobs import conf, queues
-from django_jobs.admin.display import badge
+from django_jobs.admin.display import badge, moment
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
 from django_jobs.rates import Rate, parse_rate, spell
@@ -77,7 +77,7 @@ class QueueForm(forms.ModelForm):
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
     form = QueueForm
-    list_display = ["name", "state", "paused_by", "paused_at", "pause_reason", "limit"]
+    list_display = ["name", "state", "paused_by", "paused_when", "pause_reason", "limit"]
     list_filter = ["paused"]
     search_fields = ["name"]
     actions = ["pause_queues", "resume_queues"]
@@ -108,6 +108,10 @@ class QueueAdmin(admin.ModelAdmin):
     @admin.display(description="state", ordering="paused")
     def state(self, obj: Queue) -> Any:
         return badge("cancelled", "paused") if obj.paused else badge("done", "open")
+
+    @admin.display(description="paused at", ordering="paused_at")
+    def paused_when(self, obj: Queue) -> Any:
+        return moment(obj.paused_at)
 
     @admin.display(description="limit", ordering="concurrency_limit")
     def limit(self, obj: Queue) -> str:

@@ -477,3 +477,14 @@ def test_the_queue_admin_sets_and_clears_a_rate_limit(client) -> None:
     client.post(f"/admin/django_jobs/queue/{row.pk}/change/", {"concurrency_limit": "", "rate": ""})
     row.refresh_from_db()
     assert (row.rate_limit, row.rate_period) == (None, None)
+
+
+def test_the_queue_controls_list_gives_the_pause_time_to_the_second(client) -> None:
+    from django.utils import timezone
+
+    JobFactory(queue="gpu")
+    queues.pause("gpu", by="operator", reason="maintenance")
+    _staff(client, "view_queue")
+    paused_at = timezone.localtime(Queue.objects.get(name="gpu").paused_at)
+    page = client.get("/admin/django_jobs/queue/").content.decode()
+    assert f">{paused_at:%Y-%m-%d %H:%M:%S}</time>" in page
