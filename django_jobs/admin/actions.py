@@ -12,17 +12,19 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
 
 from django_jobs import conf, operator_actions
 from django_jobs.admin.checkpoint import JobCheckpoint, job_checkpoint
 from django_jobs.admin.display import LIVE_LINES, job_summary, live_log
-from django_jobs.admin.listing import job_id
+from django_jobs.admin.listing import job_id, storable
 from django_jobs.models.attempt import Attempt
 from django_jobs.models.job import Job
 from django_jobs.states import CANCEL, RETRY, RUN_NOW, TERMINAL_STATES
@@ -39,7 +41,28 @@ class Button(NamedTuple):
     confirm: str = ""
 
 
-class PageButtons(admin.ModelAdmin):
+class CheckedSelection(admin.ModelAdmin):
+    """A list whose action refuses, with a 400, a selection that names no row: an id that is
+    not a whole number, or a key PostgreSQL cannot hold. Django would fail on it with a 500."""
+
+    def response_action(  # Django 6 adds action_location, passed on in args
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            if not self.selectable(value):
+                return HttpResponseBadRequest(
+                    f"{helpers.ACTION_CHECKBOX_NAME}: {value[:50]!r} is not the key of a row"
+                )
+        return super().response_action(request, queryset, *args, **kwargs)
+
+    def selectable(self, value: str) -> bool:
+        pk = self.model._meta.pk
+        if isinstance(pk, models.IntegerField):  # BigAutoField and AutoField included
+            return not value.startswith("#") and job_id(value) is not None
+        return storable(value) and len(value) <= (getattr(pk, "max_length", None) or 255)
+
+
+class PageButtons(CheckedSelection):
     """A model admin whose change page shows buttons (``job_buttons`` in its template): those
     that its ``page_buttons(request, obj)`` returns. ``page_context(request, obj)`` is what the
     page's template gets besides its fields: the buttons, and whatever else a subclass adds."""
@@ -90,6 +113,24 @@ class JobActions(PageButtons):
         report = operator_actions.delete(queryset.filter(state__in=TERMINAL_STATES))
         if report.skipped:
             self.message_user(request, report.message("deleted"), messages.WARNING)
+
+    @admin.action(description="Delete selected finished jobs", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> Any:
+        """Django's delete, with its confirmation page, of the selected jobs that have
+        finished. An unfinished one is kept, and said so: never counted, nor recorded in the
+        admin's history, as deleted."""
+        if not request.POST.get("post"):  # the confirmation page, which counts what goes
+            return django_delete_selected(self, request, queryset)
+        kept = queryset.exclude(state__in=TERMINAL_STATES).count()
+        response = django_delete_selected(self, request, queryset.filter(state__in=TERMINAL_STATES))
+        if kept:
+            self.message_user(
+                request,
+                f"{kept} unfinished job{'s' if kept != 1 else ''} kept: only finished jobs are "
+                "deleted. Cancel a job first to delete it.",
+                messages.WARNING,
+            )
+        return response
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
         """The confirmation page's summary, counted in SQL: Django's own would load every

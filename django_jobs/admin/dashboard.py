@@ -11,7 +11,8 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path, register_converter, reverse
+from django.urls.converters import PathConverter, get_converters
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from django_jobs import conf, queues
@@ -37,6 +38,17 @@ def _limit(text: str) -> int | None:
     if not text.isascii() or not text.isdigit():
         raise InvalidOption(f"a limit is a whole number from 1 up, or empty for none, not {text!r}")
     return int(text)
+
+
+class QueueName(PathConverter):
+    """A queue's name in a URL: any characters, ``/`` and line breaks included (Django's
+    ``path`` takes no line break), so that every queue a job names has its buttons."""
+
+    regex = r"[\s\S]+"
+
+
+if "jobs_queue" not in get_converters():  # once: Django 6 refuses to register a name twice
+    register_converter(QueueName, "jobs_queue")
 
 
 class DashboardAdmin(admin.ModelAdmin):
@@ -67,7 +79,7 @@ class DashboardAdmin(admin.ModelAdmin):
         return [
             path("", self.admin_site.admin_view(self.changelist_view), name=f"{name}_changelist"),
             path(
-                "queues/<path:queue>/<str:action>/",
+                "queues/<jobs_queue:queue>/<str:action>/",
                 self.admin_site.admin_view(self.queue_control_view),
                 name=f"{name}_queue_control",
             ),

@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from django_jobs import conf, queues
+from django_jobs.admin.actions import CheckedSelection
 from django_jobs.admin.display import badge, moment
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
@@ -75,7 +76,7 @@ class QueueForm(forms.ModelForm):
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(CheckedSelection):
     form = QueueForm
     list_display = ["name", "state", "paused_by", "paused_when", "pause_reason", "limit"]
     list_filter = ["paused"]

@@ -39,6 +39,7 @@ from django_jobs.exceptions import InvalidOption
 from django_jobs.models.queue_control import Queue
 from django_jobs.rates import Rate, parse_rate
 from django_jobs.registry import MAX_INT, registry
+from django_jobs.storable import unstorable
 from django_jobs.store import db
 from django_jobs.store.sql import query
 
@@ -150,6 +151,8 @@ def pause(name: str, by: str = "", reason: str = "", alias: str | None = None) -
     name = _require_known(name, alias)
     if not isinstance(reason, str) or len(reason) > 1000:
         raise InvalidOption("a pause reason is a string of at most 1000 characters")
+    if why := unstorable(reason):
+        raise InvalidOption(f"the pause reason {why}")
     with connections[alias].cursor() as cursor:
         db.execute(
             cursor, query("pause_queue"), {"name": name, "by": by[:150], "reason": reason.strip()}

@@ -24,6 +24,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString
 
 from django_jobs import conf
+from django_jobs.admin.actions import CheckedSelection
 from django_jobs.admin.display import badge, moment
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models.api_token import ApiToken
@@ -81,7 +82,7 @@ def _checked(check: Any, value: Any) -> Any:
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(CheckedSelection):
     list_display = ["name", "status", "prefix", "shown_queues", "can_enqueue", "shown_tasks",
                     "expires", "user", "last_used"]  # fmt: skip
     search_fields = ["name"]
