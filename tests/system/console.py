@@ -17,7 +17,8 @@ IMAGES = ROOT / "docs" / "images"
 WIDTHS = (1280, 1920)
 
 #: Elements that are cut off: content wider than their box while their overflow hides or
-#: scrolls it, plus any element whose right edge lies past the window. Scrolling blocks that are
+#: scrolls it, a table wider than its container, and any element whose right edge lies past the
+#: window. Scrolling blocks that are
 #: meant to scroll (logs, JSON, tracebacks: ``pre`` and ``.dj-scroll``) are left out.
 _CLIPPED = """
 () => {
@@ -30,8 +31,14 @@ _CLIPPED = """
     const box = e.getBoundingClientRect();
     if (box.width === 0 && box.height === 0) continue;
     const clips = style.overflowX !== 'visible' || style.textOverflow === 'ellipsis';
+    const parent = e.parentElement;
+    const inner = parent.getBoundingClientRect().right
+                  - parseFloat(getComputedStyle(parent).paddingRight || '0');
     if (clips && e.scrollWidth > e.clientWidth + 1) {
       out.push('clipped: ' + e.outerHTML.slice(0, 120));
+    } else if (e.tagName === 'TABLE' && box.right > inner + 1) {
+      out.push('wider than its container (' + Math.round(box.right) + ' > ' + Math.round(inner)
+               + '): ' + e.outerHTML.slice(0, 120));
     } else if (box.right > wide + 1) {
       out.push('past the window (' + Math.round(box.right) + ' > ' + wide + '): '
                + e.outerHTML.slice(0, 120));
