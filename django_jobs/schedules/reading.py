@@ -77,7 +77,7 @@ def _field(text: str, low: int, high: int, names: dict[str, int] | None = None) 
         if first is None or last is None or last < first:
             return None
         ranges.append((first, last))
-    return Field(ranges=tuple(ranges))
+    return Field(ranges=tuple(dict.fromkeys(ranges)))  # each once, in the order written
 
 
 def _number(text: str, low: int, high: int, names: dict[str, int] | None) -> int | None:
@@ -104,6 +104,9 @@ def in_words(expression: str) -> str | None:
     dow = _field(dow_text, 0, 7, DAY_NAMES)
     if minute is None or hour is None or dom is None or month is None or dow is None:
         return None
+    if dow.ranges:  # 7 is Sunday, as 0 is: "0,7" is one day
+        sunday = ((0, 0) if r == (7, 7) else r for r in dow.ranges)
+        dow = dataclasses.replace(dow, ranges=tuple(dict.fromkeys(sunday)))
     if not (dom.every or dow.every) or dom.step or month.step or dow.step:
         # Both day fields set: cron runs on either (an "or" that reads wrongly in words).
         return None
@@ -131,7 +134,17 @@ def _times(minute: Field, hour: Field) -> str | None:
             return every
         span = _hours_span(hour, last_minute=60 - minute.step)
         return f"{every} {span}" if span else None
-    minutes = minute.values
+    if minute.one_range:  # "0-30": every minute of a span, said as one
+        first, last = minute.ranges[0]
+        if hour.every:
+            return f"every minute from :{first:02} to :{last:02} of each hour"
+        if len(hour.values) == 1:
+            at = hour.values[0]
+            return f"every minute from {at:02}:{first:02} to {at:02}:{last:02}"
+        return None
+    minutes = sorted(set(minute.values))
+    if len(minutes) > MOST_TIMES:
+        return None
     if hour.every:
         return "every hour at " + _and([f":{m:02}" for m in minutes])
     if hour.step:
@@ -141,7 +154,8 @@ def _times(minute: Field, hour: Field) -> str | None:
     if len(minutes) == 1 and hour.one_range:
         first, last = hour.ranges[0]
         return f"every hour from {first:02}:{minutes[0]:02} to {last:02}:{minutes[0]:02}"
-    moments = [f"{h:02}:{m:02}" for h, m in itertools.product(hour.values, minutes)]
+    hours = sorted(set(hour.values))
+    moments = [f"{h:02}:{m:02}" for h, m in itertools.product(hours, minutes)]
     if len(moments) > MOST_TIMES:
         return None
     return "at " + _and(moments)

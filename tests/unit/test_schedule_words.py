@@ -49,6 +49,15 @@ from django_jobs.schedules.reading import clock, in_words, reads_differently, up
         ("@monthly", "at 00:00, on the 1st of each month"),
         ("@yearly", "at 00:00, on the 1st, in January"),
         ("@annually", "at 00:00, on the 1st, in January"),
+        # Repeated values are said once, and 7 is Sunday as 0 is.
+        ("0 0 * * 0,7", "at 00:00, every Sunday"),
+        ("0 0 * * sun,7,mon", "at 00:00, every Sunday and Monday"),
+        ("0,0,0 * * * *", "every hour at :00"),
+        ("30,0 * * * *", "every hour at :00 and :30"),
+        ("0 6,6 1,1 * *", "at 06:00, on the 1st of each month"),
+        # A range of minutes is said as one, not minute by minute.
+        ("0-30 * * * *", "every minute from :00 to :30 of each hour"),
+        ("0-30 9 * * mon-fri", "every minute from 09:00 to 09:30, Monday to Friday"),
     ],
 )
 def test_a_common_shape_is_said_in_words(expression: str, words: str) -> None:
@@ -73,6 +82,8 @@ def test_a_common_shape_is_said_in_words(expression: str, words: str) -> None:
         "0 9-17/2 * * *",
         "*/15 9,17 * * *",  # minutes over two separate hours
         "0,10,20,30 6,12 * * *",  # eight times a day: too many to list
+        "0,5,10,15,20,25,30 * * * *",  # seven minutes of each hour: too many to list
+        "0-30 9,17 * * *",  # a range of minutes in two separate hours
         "0 0 * * fri-mon",  # a range backwards
         "61 * * * *",  # not valid cron
         "every day",
