@@ -88,6 +88,8 @@ def test_the_list_still_takes_plain_lookups_on_its_columns(superuser) -> None:
         ({"worker_id__startswith": "pod-7"}, [high]),
         ({"id__in": f"{low.pk},{high.pk}"}, [high, low]),
         ({"worker_id__isnull": "True"}, [low]),
+        ({"created_at__lt": "2000-01-01"}, []),
+        ({"created_at__gte": "2000-01-01", "priority__lte": "0"}, [low]),
     ]:
         response = superuser.get(CHANGELIST, query)
         assert response.status_code == 200, query
