@@ -143,6 +143,9 @@ class EmbeddedPostgres:
         # pgserver listens on a socket directory, given as ?host=...; keep that, and name our
         # database in the path (django-environ turns ?host= into OPTIONS["host"]).
         socket_dir = parse_qs(urlsplit(self.server.get_uri()).query)["host"][0]
+        # A program that names no server (psql, or a connection string without a host) reaches
+        # this one too, and never a system PostgreSQL on the default socket.
+        os.environ.update(PGHOST=socket_dir, PGPORT="5432", PGUSER="postgres")
         return f"postgres://postgres@/django_jobs?host={quote(socket_dir)}"
 
     def stop(self) -> None:
@@ -194,6 +197,38 @@ def pytest_args(extra: list[str]) -> list[str]:
     return extra
 
 
+def test_workers() -> int:
+    """How many pytest processes run the tests side by side: ``DJANGO_JOBS_TEST_WORKERS``, or one
+    per core, and at least two (most tests wait on PostgreSQL or a worker process, not a core)."""
+    wanted = os.environ.get("DJANGO_JOBS_TEST_WORKERS")
+    return int(wanted) if wanted else max(2, os.cpu_count() or 1)
+
+
+def run_pytest(args: list[str]) -> int:
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, check=False).returncode
+
+
+def run_tests(args: list[str]) -> int:
+    """The tests that ``args`` select, in two runs: all but the ones marked ``serial`` on
+    :func:`test_workers` processes, then the serial ones alone (they time things, load the
+    machine, or change what the whole server does). Both runs always happen, unless the first
+    failed under ``-x``; the exit code is the first failure's, or 5 when neither ran a test."""
+    workers = test_workers()
+    if workers <= 1:
+        say("running the test suite")
+        return run_pytest(args)
+    say(f"running the test suite on {workers} processes, but the tests marked serial")
+    first = run_pytest(["-n", str(workers), "--dist", "worksteal", "--serial=without", *args])
+    if first not in (0, 5) and {"-x", "--exitfirst"} & set(args):
+        return first
+    say("running the tests marked serial, one at a time")
+    second = run_pytest(["--serial=only", *args])
+    failures = [code for code in (first, second) if code not in (0, 5)]
+    if failures:
+        return failures[0]
+    return 5 if first == second == 5 else 0
+
+
 def manage(*args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
@@ -219,10 +254,7 @@ def inside(command: str, extra: list[str]) -> int:
                 [sys.executable, str(ROOT / "manage.py"), *extra], cwd=ROOT, check=False
             ).returncode
         stop_leftover_pgbouncers()
-        say("running the test suite")
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", *pytest_args(extra)], cwd=ROOT, check=False
-        ).returncode
+        return run_tests(pytest_args(extra))
     finally:
         if embedded is not None:
             embedded.stop()

@@ -27,6 +27,9 @@ from support import pgbouncer as pgbouncer_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# In CI a skip fails, unless what the test needs cannot exist on this machine.
+pytest_plugins = ["tests.skips", "pytester"]
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 #: The tests that use these fixtures run a program from a Debian package: fixture -> (package,
@@ -70,11 +73,21 @@ def tier(item: pytest.Item) -> str:
     return parts[0] if parts and parts[0] in TIERS else "integration"
 
 
+#: Tiers whose every test runs Django's own code in-process, and so depends on its version.
+DJANGO_VERSION_TIERS = {"unit", "integration"}
+
+
 def mark_tiers(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier; refuse a unit test that asks for the database."""
+    """Mark each test with its tier, and with ``django_version`` where it depends on Django's
+    version (see :data:`DJANGO_VERSION_TIERS`; a browser test drives Django's admin; a system test
+    says so with the mark); refuse a unit test that asks for the database."""
     for item in items:
         name = tier(item)
         item.add_marker(name)
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker("browser")
+        if name in DJANGO_VERSION_TIERS or item.get_closest_marker("browser"):
+            item.add_marker("django_version")
         if name == "unit" and (
             item.get_closest_marker("django_db")
             or DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
@@ -85,8 +98,32 @@ def mark_tiers(items: list[pytest.Item]) -> None:
             )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--serial",
+        choices=("with", "without", "only"),
+        default="with",
+        help="with (the default), without or only the tests marked serial: scripts/dev.py test "
+        "runs the rest on every core (-n), then the serial ones alone",
+    )
+
+
+def select_serial(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the tests that ``--serial`` asks for; deselect the others."""
+    choice = config.getoption("serial")
+    if choice == "with":
+        return
+    wanted = choice == "only"
+    kept = [item for item in items if bool(item.get_closest_marker("serial")) == wanted]
+    dropped = [item for item in items if bool(item.get_closest_marker("serial")) != wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_tiers(items)
+    select_serial(config, items)
     missing = not_installed(items)
     if not missing:
         return
@@ -415,3 +452,69 @@ def _unit_tests_start_without_a_connection(
 
     with django_db_blocker.unblock():
         connections.close_all()
+
+
+# -- Speed: what every test pays for, cut to what it needs ------------------------------------
+
+#: The hasher of the test settings: a password made by a fixture costs microseconds, not the
+#: second of PBKDF2 (Django's documented advice for test suites). Nothing under test hashes a
+#: password of its own.
+TEST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+#: Rows that migrations and the ``post_migrate`` signal make once, and that no test writes:
+#: kept across transactional tests, where Django's flush would truncate them and make them all
+#: again after every test.
+KEPT_TABLES = frozenset({"django_migrations", "django_content_type", "auth_permission"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = TEST_PASSWORD_HASHERS
+
+
+def truncate_tables_with_rows(alias: str) -> list[str]:
+    """Empty, with one ``TRUNCATE``, the tables of installed models that hold rows (but
+    :data:`KEPT_TABLES`); the names of those it emptied.
+
+    This is what a transactional test's teardown does instead of Django's ``flush``: the same
+    truncation, without remaking content types and permissions, and without truncating (and so
+    rewriting) the many tables that the test left empty. Sequences are not reset, as with
+    ``flush(reset_sequences=False)``.
+    """
+    from django.db import connections
+
+    db = connections[alias]
+    tables = sorted(
+        set(db.introspection.django_table_names(only_existing=True, include_views=False))
+        - KEPT_TABLES
+    )
+    if not tables:
+        return []
+    quote = db.ops.quote_name
+    probe = " UNION ALL ".join(f"SELECT %s WHERE EXISTS (SELECT 1 FROM {quote(t)})" for t in tables)
+    with db.cursor() as cursor:
+        cursor.execute(probe, tables)
+        full = [row[0] for row in cursor.fetchall()]
+        if full:
+            # CASCADE: a table that references one of these is emptied with it (it may hold
+            # rows only where the referenced one does, as a foreign key requires).
+            cursor.execute(f"TRUNCATE {', '.join(quote(t) for t in full)} CASCADE")
+    return full
+
+
+def _truncating_fixture_teardown(self: Any) -> None:
+    from django.db import transaction
+
+    for alias in self._databases_names(include_mirrors=False):
+        with transaction.atomic(using=alias):
+            truncate_tables_with_rows(alias)
+
+
+def _use_the_truncating_teardown() -> None:
+    from django.test import TransactionTestCase
+
+    TransactionTestCase._fixture_teardown = _truncating_fixture_teardown  # type: ignore[method-assign]
+
+
+_use_the_truncating_teardown()

@@ -17,6 +17,9 @@ from tests.factories import JobFactory
 Status = TaskResultStatus
 BACKEND = "django_jobs.backend.JobsBackend"
 
+# The Tasks framework is Django's own on 6.x and the django-tasks backport on 5.2.
+pytestmark = pytest.mark.django_version
+
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_runs_tasks_next_to_jobs_and_results_read_back_faithfully(
