@@ -124,6 +124,24 @@ def select_serial(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_tiers(items)
     select_serial(config, items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow_first(items)
+
+
+#: The order of the tiers under ``-n``: the slowest first.
+TIER_ORDER = {"system": 0, "integration": 1, "unit": 2}
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Order the tests for the processes of ``-n`` (``--dist load`` hands them out in this
+    order): the ones marked slow first, then by tier, system tests first, so that no long test
+    starts last, while the other processes have nothing left to run."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("slow") is None,
+            TIER_ORDER.get(tier(item), 1),
+        )
+    )
     missing = not_installed(items)
     if not missing:
         return

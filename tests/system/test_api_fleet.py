@@ -290,6 +290,8 @@ async def _fleet(url: str, secret: str, workers: int, stop: asyncio.Event) -> di
     return {"seen": seen, "statuses": statuses}
 
 
+# Two hundred workers: alone on the machine.
+@pytest.mark.serial
 @pytest.mark.slow
 def test_two_hundred_long_polling_workers_share_four_connections_without_a_herd(
     start_api_server: Callable[..., ApiServer], claim_calls: Callable[[], int]

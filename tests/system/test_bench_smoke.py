@@ -18,7 +18,8 @@ from django.db import connection
 
 from tests.conftest import ROOT, connect, database_url
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+# The benchmarks time what they run: alone on the machine.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.serial]
 
 PARTS = ["throughput", "enqueue", "latency", "scale", "cost", "api"]
 PEERS = {"procrastinate", "tasks_db", "pgqueuer"}

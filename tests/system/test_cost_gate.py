@@ -41,6 +41,8 @@ def baseline() -> dict[str, Any]:
     return json.loads(BASELINE.read_text())
 
 
+# Measures the hot path: alone on the machine.
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_the_hot_path_costs_no_more_than_the_baseline(tmp_path: Path) -> None:

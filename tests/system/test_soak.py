@@ -19,6 +19,8 @@ def load_soak():
     return module
 
 
+# A load of its own, timed: alone on the machine.
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_short_soak_reports_claim_latency_per_phase_and_table_health(tmp_path) -> None:

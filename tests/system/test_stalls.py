@@ -89,6 +89,8 @@ class HeartbeatSampler:
         self._thread.join()
 
 
+# Measures the gaps between heartbeats: alone on the machine.
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_flooding_job_does_not_delay_its_workers_heartbeats(start_worker) -> None:
     result_bytes = conf.max_payload_bytes() - 1024

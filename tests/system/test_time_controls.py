@@ -66,6 +66,8 @@ def ended(count: int) -> Callable[[], bool]:
     return lambda: Job.objects.filter(state__in=["done", "error", "cancelled"]).count() == count
 
 
+# Measures the rate each key reaches: alone on the machine.
+@pytest.mark.serial
 def test_rate_limits_are_exact_under_contention_and_hold_back_nothing_else(start_worker) -> None:
     # 6 workers x 4 slots; 120 jobs over 3 keys at "10/2s", and 60 unlimited jobs in the queue.
     keys = ["partner:a", "partner:b", "partner:c"]
@@ -93,6 +95,8 @@ def test_rate_limits_are_exact_under_contention_and_hold_back_nothing_else(start
     assert Attempt.objects.count() == 180
 
 
+# Measures the rate the queue reaches: alone on the machine.
+@pytest.mark.serial
 def test_a_queue_rate_limit_holds_across_two_workers(start_worker) -> None:
     sleep.using(queue="reports").enqueue_many([((0.05,), {}) for _ in range(30)])
     env = {"JOBS_QUEUE_RATE_LIMITS": json.dumps({"reports": "5/s"})}
