@@ -57,11 +57,29 @@ def test_an_idle_worker_wakes_on_notify_not_on_its_poll(start_worker) -> None:
     assert worker.wait() == 0, worker.output
 
 
+def sessions_of(worker_id: str) -> list[str]:
+    """The last statement of each server session that a worker opened: every connection of a
+    worker carries its id as application_name (worker/supervisor.py)."""
+    with connect() as observer:
+        rows = observer.execute(
+            "SELECT query FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [worker_id],
+        ).fetchall()
+    return [query for (query,) in rows]
+
+
 def test_without_listen_the_worker_polls(start_worker) -> None:
     worker = start_worker("--poll-interval", "0.5", env={"JOBS_LISTEN": "false"})
     wait_for(Worker.objects.exists)  # registered: from here on, it polls an empty queue
     job = echo.enqueue("found by polling")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
+    # It claimed and finished the job, so its loop has turned: a worker that listens opens its
+    # LISTEN connection on the loop's first turn, before any claim, and keeps it open. This one
+    # has its queue connection, and no session whose statements name "listen".
+    sessions = sessions_of(Worker.objects.get().id)
+    assert sessions, "no server session carries the worker's id"
+    assert [query for query in sessions if "listen" in query.lower()] == []
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
 
