@@ -15,14 +15,17 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
+import psycopg
 import pytest
 from django.db import connection
+from psycopg import sql
 
 from django_jobs.models import Attempt, Job, Worker
 from support import pgbouncer as pgbouncer_launcher
 from support.pgbouncer import PgBouncer
 from testproject.testjobs.jobs import echo, record, sleep
 from tests.conftest import ROOT, connect, database_url, wait_for
+from tests.crashable import PORT, running_cluster
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,24 +125,40 @@ def test_a_multi_host_url_reaches_the_writable_server(start_worker, tmp_path) ->
     s = connection.settings_dict
     host = s["HOST"] or s["OPTIONS"].get("host") or "127.0.0.1"
     port = str(s["PORT"] or s["OPTIONS"].get("port") or 5432)
-    # The first host has no server: a closed port, or for a server on a Unix socket (the
+    user, name = s["USER"] or "postgres", s["NAME"]
+    # The second host has no server: a closed port, or for a server on a Unix socket (the
     # embedded PostgreSQL), a socket directory with no socket in it.
     if host.startswith("/"):
         nowhere = (str(tmp_path), port)
     else:
         nowhere = ("127.0.0.1", str(pgbouncer_launcher.free_port()))
-    query = urlencode(
-        {
-            "host": f"{nowhere[0]},{host}",
-            "port": f"{nowhere[1]},{port}",
-            "target_session_attrs": "read-write",
-        }
-    )
-    url = f"postgres://{quote(s['USER'], safe='')}@/{s['NAME']}?{query}"
-    job = echo.enqueue("via the second host")
-    worker = start_worker("--burst", env={"DATABASE_URL": url})
-    assert worker.wait() == 0, worker.output
+    # The first host is a server that takes the connection but is read-only: only
+    # target_session_attrs=read-write turns it down (libpq asks it whether it is).
+    settings = {"default_transaction_read_only": "on", "log_connections": "on"}
+    with running_cluster(settings) as read_only:
+        with read_only.connect(options="-c default_transaction_read_only=off") as conn:
+            if user != "postgres":
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(user)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with psycopg.connect(
+            host=str(read_only.root), port=PORT, user=user, dbname=name, autocommit=True
+        ) as conn:
+            assert conn.execute("SHOW transaction_read_only").fetchone() == ("on",)
+        query = urlencode(
+            {
+                "host": f"{read_only.root},{nowhere[0]},{host}",
+                "port": f"{PORT},{nowhere[1]},{port}",
+                "target_session_attrs": "read-write",
+            }
+        )
+        url = f"postgres://{quote(user, safe='')}@/{name}?{query}"
+        job = echo.enqueue("via the third host")
+        worker = start_worker("--burst", env={"DATABASE_URL": url})
+        assert worker.wait() == 0, worker.output
+        log = read_only.log.read_text()
     assert Job.objects.get(pk=job.pk).state == "done"
+    # The worker did meet the read-only server first: it logged in there, and went on.
+    assert f"database={name} application_name={worker.name}:" in log, log
 
 
 def test_the_job_system_keeps_no_session_state() -> None:
