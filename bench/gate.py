@@ -11,13 +11,16 @@ What it measures, in one run on a database it creates and drops (``--db-prefix``
   of fixed content, first thing on the fresh database (see :func:`buffers_probe`);
 - **CPU per job** of the worker and of the backend serving it, as a ratio to the floor's (the
   raw psycopg loop of :mod:`bench.systems.floor`) measured in the same run: ``--runs``
-  interleaved runs (1 slot, floor; again), each run's ratio, their median.
+  interleaved runs (1 slot, floor; again), each run's ratio, their median. Reported, not gated.
 
-Statements, round trips and buffers do not depend on the machine's speed or load, so they are
-held to a small tolerance; CPU does, and is held only as a ratio to the floor, with a margin a
-loaded machine does not cross (:data:`TOLERANCES`). A figure that grew past its tolerance is
-named with its baseline and its value, and the exit status is 1. ``--update`` writes the
-measurement as the new baseline; ``--json PATH`` keeps it.
+Statements, round trips, buffers and WAL records do not depend on the machine's speed or load,
+so they are held to a small tolerance (:data:`TOLERANCES`). A figure that grew past its
+tolerance is named with its baseline and its value, and the exit status is 1. CPU does depend
+on them: the ratio to the floor read 3.2 to 5.1 on a 2-core machine at rest, and three days
+later 10 to 16 on the same machine for a commit that had passed the gate, so a limit it never
+crosses on noise is one that a hot path costing twice as much would not cross either. It is
+printed and kept in the measurement (``reported``), and held to nothing. ``--update`` writes
+the measurement as the new baseline; ``--json PATH`` keeps it.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ COMMAND = "python -m bench.gate"
 UPDATE_COMMAND = f"{COMMAND} --update"
 
 #: The worker setups measured: (key, slots). Each run measures the first; the first run, all
-#: of them (their statements are the same in every run; CPU is gated on the first setup only).
+#: of them (their statements are the same in every run).
 SETUPS = (("ours-1", 1), ("ours-4", 4))
 
 
@@ -71,7 +74,7 @@ class Settings:
 
     jobs: int = 200  # no-op jobs per worker run
     floor_jobs: int = 600  # jobs per floor run
-    runs: int = 3  # interleaved runs, for the CPU ratio's median
+    runs: int = 3  # interleaved runs: statements' median, and the reported CPU ratio's
     repetitions: int = 5  # EXPLAIN rounds, after the warm-up ones
 
 
@@ -98,15 +101,13 @@ class Tolerance:
 #: By the figure's last name part. Statements and round trips per job are exact but for the
 #: start-up and shutdown statements and the time-driven heartbeats, spread over the jobs (a few
 #: thousandths per job); buffers and WAL records repeat exactly on the fixed table, the slack is
-#: for a change of PostgreSQL version or page layout; the CPU ratio's median ranged from 2.2 to
-#: 3.45 over eleven runs on a 2-core machine under a load average of 9 to 22, and single runs
-#: from 3.2 to 5.1 on the same machine at rest (docs/benchmarks.md, "The cost gate"): the
-#: baseline keeps the highest run, and the gate fails on a doubling.
+#: for a change of PostgreSQL version or page layout. Nothing else is gated: CPU is reported
+#: only (see the module's docstring), and a figure with no tolerance here has no place in the
+#: baseline.
 TOLERANCES = {
     "per_job": Tolerance(0.05, why="statements or round trips per job"),
     "buffers": Tolerance(3, 0.10, why="buffers (shared hit + read)"),
     "wal_records": Tolerance(3, 0.10, why="WAL records"),
-    "cpu_ratio": Tolerance(0.0, 1.00, why="CPU per job / the floor's, same run"),
 }
 
 
@@ -146,7 +147,8 @@ def compare(baseline: dict[str, float], measured: dict[str, float]) -> tuple[lis
 
 def gate(baseline: dict[str, Any], measurement: dict[str, Any], out: Callable[[str], Any]) -> int:
     """Compare ``measurement`` with ``baseline`` (bench/baseline.json's content); say which
-    figures grew, with their baseline and their value; the exit status."""
+    figures grew, with their baseline and their value, and what is reported only (the CPU
+    ratios); the exit status."""
     failures, notes = compare(baseline["figures"], measurement["figures"])
     if measurement.get("settings") != baseline.get("settings"):
         failures.insert(
@@ -156,6 +158,8 @@ def gate(baseline: dict[str, Any], measurement: dict[str, Any], out: Callable[[s
         )
     for note in notes:
         out(f"note: {note}")
+    for name, value in sorted(measurement.get("reported", {}).items()):
+        out(f"reported, not gated: {name} {value:.2f} (CPU per job over the floor's, same run)")
     if failures:
         out("The cost per job grew past the baseline (bench/baseline.json):")
         for failure in failures:
@@ -177,27 +181,13 @@ def baseline_document(measurement: dict[str, Any]) -> dict[str, Any]:
             f" {meta['machine']}, load average {meta['load_average']}. Statements and round"
             " trips per job of a django-jobs worker on no-op jobs (median of the runs), buffers"
             " and WAL records of EXPLAIN (ANALYZE, BUFFERS, WAL) on a fixed table (median of"
-            " the rounds), and the CPU per job of the worker and its backend over the floor's"
-            " (the highest of the interleaved runs). Tolerances: TOLERANCES in bench/gate.py."
+            " the rounds). CPU per job is reported by the gate, not gated, and not kept here."
+            " Tolerances: TOLERANCES in bench/gate.py."
             f" Refresh with `{UPDATE_COMMAND}` (docs/benchmarks.md, 'The cost gate')."
         ),
         "settings": measurement["settings"],
-        "figures": {
-            name: round(_baseline_value(name, value, measurement["runs"]), 4)
-            for name, value in measurement["figures"].items()
-        },
+        "figures": {name: round(value, 4) for name, value in measurement["figures"].items()},
     }
-
-
-def _baseline_value(name: str, value: float, runs: list[dict[str, Any]]) -> float:
-    """What the baseline keeps of a figure: the measurement (a median), but for a CPU ratio the
-    highest of the runs. The ratio of one run to the next moved between 3.2 and 5.1 on a quiet
-    2-core machine; a baseline taken at a low run would put the limit within reach of an
-    ordinary one, and the gate would fail on noise."""
-    if not name.endswith(".cpu_ratio"):
-        return value
-    key = name.removesuffix(".cpu_ratio")
-    return max([value, *(run[key]["cpu_ratio"] for run in runs if key in run)])
 
 
 # ------------------------------------------------------------------ the measurement
@@ -273,7 +263,8 @@ def measure(
             server.drop(database)
 
     figures: dict[str, float] = {}
-    for index, (key, _) in enumerate(SETUPS):
+    reported: dict[str, float] = {}
+    for key, _ in SETUPS:
         measured = [run[key] for run in runs_measured if key in run]
         for figure in ("statements_per_job", "round_trips_per_job"):
             figures[f"{key}.{figure}"] = median([m[figure] for m in measured])
@@ -281,13 +272,13 @@ def measure(
             figures[f"{key}.{kind}.per_job"] = median(
                 [m["by_kind"].get(kind, 0.0) for m in measured]
             )
-        if index == 0:
-            figures[f"{key}.cpu_ratio"] = median([m["cpu_ratio"] for m in measured])
+        reported[f"{key}.cpu_ratio"] = median([m["cpu_ratio"] for m in measured])
     for statement, measured in buffers["statements"].items():
         figures[f"{statement}.buffers"] = measured["buffers"]
         figures[f"{statement}.wal_records"] = measured["wal_records"]
     return {
         "figures": figures,
+        "reported": reported,
         "runs": runs_measured,
         "buffers": buffers,
         "settings": dataclasses.asdict(settings),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ from django_jobs.reaper import reap_pass
 from django_jobs.registry import registry
 from django_jobs.tokens import auth
 from tests.conftest import ROOT, ApiServer, connect, wait_for
+from tests.system.test_api_hostile import answer_of, long_poll, server_connections
 
 CURL_WORKER = ROOT / "examples" / "curl-worker.sh"
 
@@ -43,20 +45,23 @@ def test_a_long_poll_whose_worker_hung_up_hands_its_job_to_nobody(
     # while the server still waits for work on its behalf.
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + "v1/claim", json=body, headers=headers, timeout=1)
-    time.sleep(0.5)
+    # The server has seen it go: it holds no connection open any more.
+    wait_for(lambda: not server_connections(server))
+    # A live worker waits in its long poll (its first claim made) when the job comes.
+    alive = long_poll(server, secret, worker="alive", queues=["remote"], wait=20)
+    wait_for(Worker.objects.filter(id="api:hangup:alive").exists)
     job = registry.get("remote.upper").enqueue("late")
-    time.sleep(1)  # the server has been woken for it by now
 
-    answer = httpx.post(
-        server.url + "v1/claim",
-        json={"worker": "alive", "queues": ["remote"], "wait": 5},
-        headers=headers,
-        timeout=10,
-    )
-    assert answer.status_code == 200, answer.text
-    assert (answer.json()["job"]["id"], answer.json()["job"]["attempt"]) == (job.pk, 1)
+    status, answer, _ = answer_of(alive)
+    assert status == 200, answer
+    claimed = json.loads(answer)["job"]
+    assert (claimed["id"], claimed["attempt"]) == (job.pk, 1)
     job.refresh_from_db()
     assert job.worker_id == "api:hangup:alive"
+    # Its one attempt is the live worker's: the one that hung up claimed it at no point.
+    assert list(Attempt.objects.filter(job=job).values_list("number", "worker_id")) == [
+        (1, "api:hangup:alive")
+    ]
 
 
 def test_curl_worker_runs_remote_jobs_and_stops_on_sigterm(

@@ -13,16 +13,17 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from django.db import connection
 
-from django_jobs.models import Attempt, Job
+from django_jobs.models import Attempt, Job, Worker
 from django_jobs.registry import registry
 from django_jobs.tokens import auth
-from tests.conftest import ApiServer, connect
+from tests.conftest import ApiServer, connect, wait_for
 
 
 class Heartbeats:
@@ -221,16 +222,65 @@ def test_a_flood_of_made_up_tokens_is_rate_limited_and_the_fleet_goes_on(
     assert all(1 <= int(seconds) <= 60 for seconds in retry_after)
 
 
-def test_a_long_poll_whose_client_hung_up_claims_nothing(valid: tuple[ApiServer, str]) -> None:
-    server, secret = valid
+#: /proc/net/tcp's states in which a socket is still open in its process: ESTABLISHED, and
+#: CLOSE_WAIT (its peer has closed the connection, this end not yet).
+OPEN = {"01", "08"}
+
+
+def server_connections(server: ApiServer) -> set[int]:
+    """The client ports of the connections that the server still holds open. One whose client
+    hung up stays here (in CLOSE_WAIT) until the server has seen it go: uvicorn closes its end
+    as it tells the request that its client has gone (``http.disconnect``)."""
+    port = urlsplit(server.url).port
+    held = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if int(local.rsplit(":", 1)[1], 16) == port and state in OPEN:
+            held.add(int(remote.rsplit(":", 1)[1], 16))
+    return held
+
+
+def long_poll(server: ApiServer, secret: str, **body: object) -> socket.socket:
+    """A claim that waits for work, sent on a connection of its own: read its answer with
+    :func:`answer_of`."""
     sock = raw(server)
-    body = json.dumps({"worker": "gone", "queues": ["remote"], "wait": 20}).encode()
-    sock.sendall(head(server, "v1/claim", secret, len(body)) + body)
-    time.sleep(0.5)  # the scenario: well into its wait
-    sock.close()
-    time.sleep(0.5)
+    data = json.dumps(body).encode()
+    sock.sendall(head(server, "v1/claim", secret, len(data)) + data)
+    return sock
+
+
+def registered(worker: str) -> bool:
+    """Whether the first claim of ``worker`` (its name in a claim) has been made: a long poll
+    joins the server's waiters before that claim, and waits after it."""
+    return Worker.objects.filter(id__endswith=f":{worker}").exists()
+
+
+def test_a_long_poll_whose_client_hung_up_claims_nothing(
+    start_api_server: Callable[..., ApiServer],
+) -> None:
+    # One database connection: the server's statements run one at a time, in the order its
+    # requests ask for them.
+    server = start_api_server({"JOBS_POLL_INTERVAL": "1", "JOBS_API_CONNECTIONS": "1"})
+    _, secret = auth.create(f"t-{secrets.token_hex(4)}", ["*"])
+    gone = long_poll(server, secret, worker="gone", queues=["remote"], wait=20)
+    wait_for(lambda: registered("gone"))  # the scenario: into its wait
+    port = gone.getsockname()[1]
+    assert port in server_connections(server)
+    gone.close()
+    wait_for(lambda: port not in server_connections(server))  # the server has seen it go
+    # Another long poll on the queue, which joined after it and runs remote.count only: had
+    # the first one stayed, a wake for the queue would go to it first, and its claim would be
+    # made (on the one connection) before any claim of this one.
+    probe = long_poll(
+        server, secret, worker="probe", queues=["remote"], tasks=["remote.count"], wait=20
+    )
+    wait_for(lambda: registered("probe"))
     job = registry.get("remote.upper").enqueue("late")
-    time.sleep(2)  # a notification and a tick have come and gone
+    after = registry.get("remote.count").enqueue()
+    # The probe gets the job enqueued after: the server has handed out the first job's wake.
+    status, body, _ = answer_of(probe)
+    assert status == 200, body
+    assert json.loads(body)["job"]["id"] == after.pk
     job.refresh_from_db()
     assert (job.state, job.attempt) == ("pending", 0)
     assert not Attempt.objects.filter(job=job).exists()

@@ -15,14 +15,17 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
+import psycopg
 import pytest
 from django.db import connection
+from psycopg import sql
 
 from django_jobs.models import Attempt, Job, Worker
 from support import pgbouncer as pgbouncer_launcher
 from support.pgbouncer import PgBouncer
 from testproject.testjobs.jobs import echo, record, sleep
 from tests.conftest import ROOT, connect, database_url, wait_for
+from tests.crashable import PORT, running_cluster
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,11 +60,29 @@ def test_an_idle_worker_wakes_on_notify_not_on_its_poll(start_worker) -> None:
     assert worker.wait() == 0, worker.output
 
 
+def sessions_of(worker_id: str) -> list[str]:
+    """The last statement of each server session that a worker opened: every connection of a
+    worker carries its id as application_name (worker/supervisor.py)."""
+    with connect() as observer:
+        rows = observer.execute(
+            "SELECT query FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [worker_id],
+        ).fetchall()
+    return [query for (query,) in rows]
+
+
 def test_without_listen_the_worker_polls(start_worker) -> None:
     worker = start_worker("--poll-interval", "0.5", env={"JOBS_LISTEN": "false"})
     wait_for(Worker.objects.exists)  # registered: from here on, it polls an empty queue
     job = echo.enqueue("found by polling")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=10)
+    # It claimed and finished the job, so its loop has turned: a worker that listens opens its
+    # LISTEN connection on the loop's first turn, before any claim, and keeps it open. This one
+    # has its queue connection, and no session whose statements name "listen".
+    sessions = sessions_of(Worker.objects.get().id)
+    assert sessions, "no server session carries the worker's id"
+    assert [query for query in sessions if "listen" in query.lower()] == []
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
 
@@ -104,24 +125,40 @@ def test_a_multi_host_url_reaches_the_writable_server(start_worker, tmp_path) ->
     s = connection.settings_dict
     host = s["HOST"] or s["OPTIONS"].get("host") or "127.0.0.1"
     port = str(s["PORT"] or s["OPTIONS"].get("port") or 5432)
-    # The first host has no server: a closed port, or for a server on a Unix socket (the
+    user, name = s["USER"] or "postgres", s["NAME"]
+    # The second host has no server: a closed port, or for a server on a Unix socket (the
     # embedded PostgreSQL), a socket directory with no socket in it.
     if host.startswith("/"):
         nowhere = (str(tmp_path), port)
     else:
         nowhere = ("127.0.0.1", str(pgbouncer_launcher.free_port()))
-    query = urlencode(
-        {
-            "host": f"{nowhere[0]},{host}",
-            "port": f"{nowhere[1]},{port}",
-            "target_session_attrs": "read-write",
-        }
-    )
-    url = f"postgres://{quote(s['USER'], safe='')}@/{s['NAME']}?{query}"
-    job = echo.enqueue("via the second host")
-    worker = start_worker("--burst", env={"DATABASE_URL": url})
-    assert worker.wait() == 0, worker.output
+    # The first host is a server that takes the connection but is read-only: only
+    # target_session_attrs=read-write turns it down (libpq asks it whether it is).
+    settings = {"default_transaction_read_only": "on", "log_connections": "on"}
+    with running_cluster(settings) as read_only:
+        with read_only.connect(options="-c default_transaction_read_only=off") as conn:
+            if user != "postgres":
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(user)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with psycopg.connect(
+            host=str(read_only.root), port=PORT, user=user, dbname=name, autocommit=True
+        ) as conn:
+            assert conn.execute("SHOW transaction_read_only").fetchone() == ("on",)
+        query = urlencode(
+            {
+                "host": f"{read_only.root},{nowhere[0]},{host}",
+                "port": f"{PORT},{nowhere[1]},{port}",
+                "target_session_attrs": "read-write",
+            }
+        )
+        url = f"postgres://{quote(user, safe='')}@/{name}?{query}"
+        job = echo.enqueue("via the third host")
+        worker = start_worker("--burst", env={"DATABASE_URL": url})
+        assert worker.wait() == 0, worker.output
+        log = read_only.log.read_text()
     assert Job.objects.get(pk=job.pk).state == "done"
+    # The worker did meet the read-only server first: it logged in there, and went on.
+    assert f"database={name} application_name={worker.name}:" in log, log
 
 
 def test_the_job_system_keeps_no_session_state() -> None:
