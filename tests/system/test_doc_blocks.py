@@ -35,7 +35,7 @@ import django
 import pytest
 from django.db import connection
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -321,12 +321,7 @@ def _jobs() -> int:
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
 def test_every_block_runs_or_is_an_illustration(document: Path, tmp_path: Path) -> None:
-    settings = connection.settings_dict
-    url = (
-        f"postgres://{settings['USER']}:{settings['PASSWORD'] or ''}@{settings['HOST']}:"
-        f"{settings['PORT'] or 5432}/{settings['NAME']}"
-    )
-    scratch = Scratch(tmp_path, url)
+    scratch = Scratch(tmp_path, database_url())
     scratch.write()
     for block in runnable(document):
         if block.language == "python":
@@ -337,12 +332,7 @@ def test_every_block_runs_or_is_an_illustration(document: Path, tmp_path: Path) 
 
 def test_the_block_rules_hold_for_a_bad_block(tmp_path: Path) -> None:
     """The runner fails on a module that enqueues at import, and on an unmarked curl block."""
-    settings = connection.settings_dict
-    url = (
-        f"postgres://{settings['USER']}:{settings['PASSWORD'] or ''}@{settings['HOST']}:"
-        f"{settings['PORT'] or 5432}/{settings['NAME']}"
-    )
-    scratch = Scratch(tmp_path, url)
+    scratch = Scratch(tmp_path, database_url())
     scratch.write()
     module = Block(
         ROOT / "README.md",
