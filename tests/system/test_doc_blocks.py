@@ -18,7 +18,8 @@ The rules (the README's "Development" section states them too):
 - Any other Python block runs in ``manage.py shell``, on its own, with none of the shell's
   automatic imports: it imports every name it uses, the module blocks' too.
 - A shell block's ``python manage.py …`` commands run in the scratch project, each to its end
-  (a command that serves until stopped gets SIGTERM after a few seconds, and must then exit 0);
+  (a command that serves until stopped gets SIGTERM a few seconds after its first line of
+  output, and must then exit 0);
   ``pip install`` lines name the distribution (tests/unit/test_distribution_name.py checks them);
   ``python3 scripts/dev.py`` lines are what CI itself runs. A block with anything else (``curl``,
   ``kubectl``, ``uvicorn``) must be marked as an illustration: the tests of that feature run it.
@@ -34,6 +35,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +53,9 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ILLUSTRATION = "<!-- illustration -->"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
 MODULE_HEADER = re.compile(r"^# ([\w/]+\.py)\b")
-#: Commands that serve until stopped: they get this long, then SIGTERM.
+#: Commands that serve until stopped: once started (their first line of output, which a busy
+#: machine may take this long to reach), they serve this long, then get SIGTERM.
+STARTS_WITHIN = 120.0
 SERVES_FOR = 4.0
 #: The module blocks that are the project's own files, not an app's.
 PROJECT_FILES = {"settings.py", "urls.py"}
@@ -172,22 +177,50 @@ class Scratch:
             text=True,
             start_new_session=True,
         )
+        if serves:
+            return self._serve(process, args, where)
         try:
-            out, _ = process.communicate(timeout=SERVES_FOR if serves else 120)
+            out, _ = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            if not serves:
-                os.killpg(process.pid, signal.SIGKILL)
-                out, _ = process.communicate()
-                raise AssertionError(f"{where}: {shlex.join(args)} did not end:\n{out}") from None
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            raise AssertionError(f"{where}: {shlex.join(args)} did not end:\n{out}") from None
+        assert process.returncode == 0, (
+            f"{where}: {shlex.join(args)} exited {process.returncode}:\n{out}"
+        )
+        return out
+
+    def _serve(self, process: subprocess.Popen[str], args: list[str], where: str) -> str:
+        """Let a serving command start (its first line of output: Django is up, its signal
+        handlers are in place), serve for :data:`SERVES_FOR` seconds, then SIGTERM it: it must
+        exit 0."""
+        assert process.stdout is not None
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + STARTS_WITHIN
+        while not lines and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not lines and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise AssertionError(f"{where}: {shlex.join(args)} printed nothing in {STARTS_WITHIN}s")
+        try:
+            process.wait(timeout=SERVES_FOR)
+        except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)
             try:
-                out, _ = process.communicate(timeout=60)
+                process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-                out, _ = process.communicate()
+                process.wait()
+                reader.join(10)
+                out = "".join(lines)
                 raise AssertionError(
                     f"{where}: {shlex.join(args)} ignored SIGTERM:\n{out}"
                 ) from None
+        reader.join(10)
+        out = "".join(lines)
         assert process.returncode == 0, (
             f"{where}: {shlex.join(args)} exited {process.returncode}:\n{out}"
         )
