@@ -176,9 +176,15 @@ def test_a_paused_worker_that_lost_its_job_records_no_step_and_is_no_owner(
     assert f"job {job.pk} lease lost" in paused.output
 
 
+#: Heartbeats 30 s apart: a cancel reaches the job through raise_if_cancelled, not through a
+#: heartbeat. The worker timeout is longer than that, as it must be, or the executor's fence would
+#: stop the job after a second without a committed heartbeat and record the attempt lost.
+NO_HEARTBEAT_SOON = {**FAST, "JOBS_HEARTBEAT_INTERVAL": "30", "JOBS_WORKER_TIMEOUT": "120"}
+
+
 def test_raise_if_cancelled_ends_a_running_job_cancelled_within_a_second(start_worker) -> None:
     job = cancellable_loop.enqueue()
-    worker = start_worker(env={**FAST, "JOBS_HEARTBEAT_INTERVAL": "30"})
+    worker = start_worker(env=NO_HEARTBEAT_SOON)
     try:
         wait_for(lambda: Job.objects.filter(pk=job.pk, state="running").exists())
         time.sleep(0.3)
@@ -198,7 +204,7 @@ def test_raise_if_cancelled_ends_a_running_job_cancelled_within_a_second(start_w
 
 def test_a_job_that_returns_after_a_cancel_request_ends_done(start_worker) -> None:
     job = cancellable_loop.enqueue(stop="return")
-    worker = start_worker(env={**FAST, "JOBS_HEARTBEAT_INTERVAL": "30"})
+    worker = start_worker(env=NO_HEARTBEAT_SOON)
     try:
         wait_for(lambda: Job.objects.filter(pk=job.pk, state="running").exists())
         Job.objects.get(pk=job.pk).cancel()
