@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import psycopg.sql
 from django.db import connection
 from django.test import Client
 

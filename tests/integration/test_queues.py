@@ -18,20 +18,9 @@ from django_jobs.models import Job, Queue
 from django_jobs.store.sql import query
 from testproject.testjobs.jobs import echo, import_customer, noop
 from tests.factories import JobFactory
+from tests.integration.helpers import WORKER, claim, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WORKER = "test-worker:1:aaaaaa"
-
-
-def claim(queues_=None):
-    with connection.cursor() as cursor:
-        return store.claim(cursor, WORKER, queues_)
-
-
-def finish(job, outcome="done"):
-    with connection.cursor() as cursor:
-        return store.finish(cursor, job.lease, outcome)
 
 
 def running(key=None, queue=None):

@@ -37,7 +37,7 @@ from django_jobs.store import db
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
 from tests.conftest import connect
-from tests.factories import JobFactory
+from tests.factories import JobFactory, ScheduleFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,9 +121,7 @@ def running_parent() -> JobContext:
 
 
 def schedule(name: str = "every-minute", **fields: Any) -> Schedule:
-    row = Schedule.objects.create(name=name, task="tests.echo", cron="* * * * *", **fields)
-    row.recompute_next_run()
-    return row
+    return ScheduleFactory(name=name, **fields)
 
 
 def paused_schedule() -> Schedule:
