@@ -30,7 +30,7 @@ from testproject.testjobs.jobs import (
 )
 from testproject.testjobs.models import Execution
 from tests.conftest import ApiServer, WorkerProcess, connect, wait_for
-from tests.system.helpers import FAST_API_WORKER
+from tests.system.helpers import FAST_API_WORKER, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -280,8 +280,6 @@ def test_an_api_workers_job_resumes_from_the_steps_and_cursor_its_failed_attempt
 def test_an_api_worker_records_steps_and_a_retry_resumes_from_the_failed_one(
     start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
 ) -> None:
-    from tests.system.test_long_jobs import journal
-
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), fail_in=3)
     worker = start_api_worker()

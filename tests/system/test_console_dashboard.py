@@ -1,5 +1,5 @@
 """The console's dashboard, queues page and API tokens in a real browser (headless Chromium
-through Playwright) at the widths of :data:`tests.system.console.WIDTHS`: each page fits, and
+through Playwright) at the widths of :data:`tests.system.helpers.WIDTHS`: each page fits, and
 its screenshot is written to docs/images/."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django_jobs import queues, rollups
 from django_jobs.models import ApiToken, Queue
 from tests.factories import AttemptFactory, JobFactory
 from tests.system import test_browser
-from tests.system.console import WIDTHS, assert_fits, open_page, shoot
+from tests.system.helpers import WIDTHS, assert_fits, open_page, shoot
 
 #: The browser fixture of the admin's other browser tests (Debian's Chromium).
 browser = test_browser.browser

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_jobs.models import Job
 from tests.factories import AttemptFactory, JobFactory
-from tests.system.console import WIDTHS, open_page, shoot
+from tests.system.helpers import WIDTHS, open_page, shoot
 from tests.system.test_browser import browser  # noqa: F401 (the fixture)
 
 pytest.importorskip("playwright.sync_api")

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_jobs.models import ApiToken, Schedule, Step
 from django_jobs.models.queue_control import Queue
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
-from tests.system.console import clipped, open_page
+from tests.system.helpers import clipped, open_page
 from tests.system.test_browser import browser  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]

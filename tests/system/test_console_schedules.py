@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_jobs.models import Schedule
 from tests.factories import JobFactory
-from tests.system.console import WIDTHS, assert_fits, open_page, shoot
+from tests.system.helpers import WIDTHS, assert_fits, open_page, shoot
 from tests.system.test_browser import browser  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
