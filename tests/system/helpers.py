@@ -4,14 +4,17 @@ bodies' journals, and the steps of the console's browser tests.
 
 Test modules import from here, never from one another.
 
-The console's screenshots are written to ``docs/images/`` under the names docs/admin.md uses
-(``console-<page>-<width>.png``).
+Screenshots: the browser tests write theirs (the console's to ``docs/images/``, under the names
+docs/admin.md uses, ``console-<page>-<width>.png``; the others to ``artifacts/screenshots/``) only
+when the environment asks for them with ``DJANGO_JOBS_SCREENSHOTS=1``. A plain run writes none,
+and still checks that each page fits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +105,25 @@ PASSWORD = "correct horse battery"
 
 #: Where the console's screenshots go: the images docs/admin.md shows.
 IMAGES = ROOT / "docs" / "images"
+#: Where the other browser tests' screenshots go (not tracked).
+SHOTS = ROOT / "artifacts" / "screenshots"
+
 #: The widths every console page is checked at: a laptop, and a desktop monitor.
 WIDTHS = (1280, 1920)
+
+
+def screenshots_wanted() -> bool:
+    """Whether this run writes screenshots: only when ``DJANGO_JOBS_SCREENSHOTS=1`` asks."""
+    return os.environ.get("DJANGO_JOBS_SCREENSHOTS") == "1"
+
+
+def screenshot(target: Any, path: Path, **options: Any) -> None:
+    """Write the screenshot of ``target`` (a page, or an element's locator) to ``path``, when
+    :func:`screenshots_wanted`; nothing otherwise."""
+    if not screenshots_wanted():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=str(path), **options)
 
 
 #: Elements that are cut off: content wider than their box while their overflow hides or
@@ -155,12 +175,14 @@ def assert_fits(page: Any) -> None:
 
 
 def shoot(page: Any, name: str, width: int) -> None:
-    """Check that the page fits, then write ``docs/images/console-<name>-<width>.png``."""
+    """Check that the page fits; then, when screenshots are wanted, write
+    ``docs/images/console-<name>-<width>.png``."""
     assert_fits(page)
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    if not screenshots_wanted():
+        return
     # From the top: the admin's sidebar is sticky, and would show where the page was scrolled.
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(IMAGES / f"console-{name}-{width}.png"), full_page=True)
+    screenshot(page, IMAGES / f"console-{name}-{width}.png", full_page=True)
 
 
 def open_page(browser: Any, live_server: Any, width: int, username: str = "operator") -> Any:

@@ -1,6 +1,6 @@
 """The console's dashboard, queues page and API tokens in a real browser (headless Chromium
 through Playwright) at the widths of :data:`tests.system.helpers.WIDTHS`: each page fits, and
-its screenshot is written to docs/images/."""
+its screenshot is written to docs/images/ when ``DJANGO_JOBS_SCREENSHOTS=1`` asks for it."""
 
 from __future__ import annotations
 
