@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from tests.conftest import WorkerProcess, wait_for
-from tests.crashable import CrashableCluster, running_cluster
+from tests.crashable import CrashableCluster
 from tests.system.helpers import Execution, executions, overlaps
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
@@ -40,9 +40,8 @@ WORKER_ENV = {
 
 
 @pytest.fixture(params=["on", "off"], ids=["server-synchronous-commit-on", "server-async"])
-def cluster(request) -> Iterator[CrashableCluster]:
-    with running_cluster({"synchronous_commit": request.param}) as cluster:
-        yield cluster
+def cluster_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    return {"synchronous_commit": request.param}
 
 
 @pytest.fixture
