@@ -6,56 +6,23 @@ writes none.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobs.models import Job, Queue, Schedule, Step
-from tests.conftest import CHROMIUM
-from tests.factories import AttemptFactory, JobFactory
-from tests.system.helpers import SHOTS, screenshot
+from tests.factories import AttemptFactory, JobFactory, UserFactory
+from tests.system.helpers import PASSWORD, SHOTS, screenshot
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 # Without chromium, tests/conftest.py skips every test that uses the browser fixture.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-    # between browser steps are still plain synchronous code.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield browser
-        browser.close()
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-@pytest.fixture
-def operator() -> User:
-    return User.objects.create_superuser("operator", password="correct horse battery")
 
 
 def log_in(page, live_server, username: str = "operator") -> None:
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", username)
-    page.fill("#id_password", "correct horse battery")
+    page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     page.wait_for_selector("#site-name")
 
@@ -195,9 +162,8 @@ def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, opera
 
 def test_without_the_pause_permission_there_is_no_pause_button(browser, live_server) -> None:
     schedule = Schedule.objects.create(name="nightly", task="tests.echo", cron="0 3 * * *")
-    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
     codenames = ["view_schedule", "run_schedule", "view_job"]
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    UserFactory(username="viewer", password=PASSWORD, permissions=codenames)
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     log_in(page, live_server, "viewer")
@@ -285,8 +251,7 @@ def test_without_the_queue_permission_the_dashboard_has_no_pause_button(
     browser, live_server
 ) -> None:
     JobFactory(queue="imports")
-    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=["view_job"]))
+    UserFactory(username="viewer", password=PASSWORD, permissions=["view_job"])
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     log_in(page, live_server, "viewer")

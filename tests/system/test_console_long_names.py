@@ -14,7 +14,6 @@ from django_jobs.models import ApiToken, Schedule, Step
 from django_jobs.models.queue_control import Queue
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
 from tests.system.helpers import clipped, open_page
-from tests.system.test_browser import browser  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
@@ -24,7 +23,7 @@ WORKER = "jobs-worker-salesforce-synchronization-7f9c8d6b5-x2k4p:1:a1b2c3d4e5f6"
 
 
 def test_every_console_page_fits_1280_px_with_long_real_world_names(
-    browser,  # noqa: F811
+    browser,
     live_server,
 ) -> None:
     User.objects.create_superuser("operator", password="correct horse battery")
