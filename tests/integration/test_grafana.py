@@ -11,7 +11,7 @@ from django.db.utils import ProgrammingError
 
 from support.grafana import expand, load, panel_queries
 from tests.integration.helpers import read_only_role_sql
-from tests.unit.test_grafana import EXPECTED_COLUMNS
+from tests.unit.helpers import EXPECTED_COLUMNS
 
 
 def six_hours() -> dict[str, datetime]:
