@@ -25,7 +25,7 @@ def main() -> None:
 
     settings.configure()  # masking reads JOBS_SENSITIVE_KEYS: the defaults
     from django_jobs.sanitize import mask_text
-    from tests.unit.test_masking import ADVERSARIAL
+    from tests.unit.helpers import ADVERSARIAL
 
     print(f"{'input (64 KiB)':45} {'median ms':>10} {'max ms':>8}")
     for name, text in sorted(ADVERSARIAL.items()):

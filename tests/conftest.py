@@ -273,12 +273,36 @@ def start_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerPro
 
 class ApiServer:
     """``uvicorn testproject.asgi:application`` on the test database, serving the HTTP API on a
-    socket this process bound (so that its port is known and free before it starts)."""
+    socket this process bound to a port the system chose (so that its port is known, and is
+    its own, before it starts: uvicorn gets the socket, with ``--fd``).
+
+    ``stop()`` and then ``start()`` again serve it on the same port: while it is stopped, this
+    process keeps the port bound, without listening, so that connections to it are refused, as
+    when a server is down, and no other process can take it meanwhile."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.socket = socket.create_server(("127.0.0.1", 0), backlog=2048)
-        port = self.socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/jobs/api/"
+        self.env = env
+        self.socket: socket.socket | None = self._listen(0)
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/jobs/api/"
+        self._held: socket.socket | None = None
+        self.proc: subprocess.Popen[str] | None = None
+        self._output: str | None = None
+
+    @staticmethod
+    def _listen(port: int) -> socket.socket:
+        # SO_REUSEPORT: a socket that only holds the port while the server is stopped, and the
+        # listening one of the next start, may be bound to it together.
+        return socket.create_server(("127.0.0.1", port), backlog=2048, reuse_port=True)
+
+    def start(self) -> None:
+        """Start uvicorn on the port and wait until it answers."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        if self.socket is None:
+            self.socket = self._listen(self.port)
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         fd = self.socket.fileno()
         self.proc = subprocess.Popen(
             [
@@ -286,19 +310,22 @@ class ApiServer:
                 *("--fd", str(fd), "--log-level", "warning", "--backlog", "2048"),
             ],
             cwd=ROOT,
-            env=env,
+            env=self.env,
             pass_fds=(fd,),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
         )
-        self._output: str | None = None
+        self._output = None
+        self.ready()
 
-    def ready(self, timeout: float = 30) -> None:
-        """Wait until the server answers (a claim without a token: 401)."""
+    def ready(self, timeout: float = 60) -> None:
+        """Wait until the server answers (a claim without a token: 401); Django's start-up
+        takes a while on a busy machine."""
 
         def answers() -> bool:
+            assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"the API server exited:\n{self.stop()}")
             with contextlib.suppress(httpx.TransportError):
@@ -308,8 +335,9 @@ class ApiServer:
         wait_for(answers, timeout, interval=0.1)
 
     def stop(self) -> str:
-        """SIGTERM it (SIGKILL if it lingers); its output."""
-        if self._output is None:
+        """SIGTERM it (SIGKILL if it lingers) and refuse connections to its port, which stays
+        this server's; its output (printed too, for a failing test to show)."""
+        if self._output is None and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -318,8 +346,22 @@ class ApiServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self._output, _ = self.proc.communicate()
+            print(self._output)
+        if self.socket is not None:
+            if self._held is None:
+                self._held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self._held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                self._held.bind(("127.0.0.1", self.port))
             self.socket.close()
-        return self._output
+            self.socket = None
+        return self._output or ""
+
+    def close(self) -> None:
+        """Stop it, and give up its port."""
+        self.stop()
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
 
 @pytest.fixture
@@ -334,12 +376,12 @@ def start_api_server(
     def start(env: dict[str, str] | None = None) -> ApiServer:
         server = ApiServer({**worker_env, **(env or {})})
         started.append(server)
-        server.ready()
+        server.start()
         return server
 
     yield start
     for server in started:
-        server.stop()
+        server.close()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:

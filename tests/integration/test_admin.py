@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from django.apps import apps
 from django.contrib import admin
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
@@ -19,22 +18,8 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:django_jobs_job_changelist")
 
 
-def staff(*perms: str) -> Client:
-    user = User.objects.create_user(
-        f"staff-{'-'.join(perms) or 'none'}", password="x", is_staff=True
-    )
-    codenames = ["view_job", *perms]
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
+#: What every staff user of these tests may do besides what a test gives them: see the jobs.
+VIEWER = ("view_job",)
 
 
 def post_action(client: Client, action: str, jobs: list[Job], **extra: str):
@@ -185,8 +170,8 @@ def test_select_all_acts_on_the_whole_filtered_list_in_batches(superuser, monkey
         ([], "run_selected_now", False),
     ],
 )
-def test_each_action_needs_its_own_permission(perms, action, allowed) -> None:
-    client = staff(*perms)
+def test_each_action_needs_its_own_permission(staff, perms, action, allowed) -> None:
+    client = staff(*VIEWER, *perms)
     job = JobFactory(state="error", attempt=1, max_attempts=1, finished_at=JobFactory().created_at)
     page = client.get(CHANGELIST)
     assert page.status_code == 200
@@ -243,13 +228,13 @@ def test_job_page_is_read_only_masks_secrets_and_shows_attempts(superuser) -> No
     assert "enqueued" in content  # the timeline
 
 
-def test_job_page_buttons_post_only_and_check_permissions(superuser) -> None:
+def test_job_page_buttons_post_only_and_check_permissions(superuser, staff) -> None:
     job = JobFactory()
     url = reverse("admin:django_jobs_job_cancel", args=[job.pk])
     assert superuser.get(url).status_code == 405
-    assert staff("retry_job").post(url).status_code == 403
+    assert staff(*VIEWER, "retry_job").post(url).status_code == 403
     assert Job.objects.get(pk=job.pk).state == "pending"
-    response = staff("cancel_job").post(url, follow=True)
+    response = staff(*VIEWER, "cancel_job").post(url, follow=True)
     assert messages_of(response) == ["1 job cancelled or asked to stop"]
     assert Job.objects.get(pk=job.pk).state == "cancelled"
 
@@ -316,12 +301,9 @@ def test_the_dashboard_shows_queues_workers_running_and_failing_jobs(superuser) 
     assert DASHBOARD in index  # reached from the admin index
 
 
-def test_the_dashboard_needs_the_view_permission() -> None:
-    assert staff().get(DASHBOARD).status_code == 200
-    nobody = User.objects.create_user("nobody", password="x", is_staff=True)
-    client = Client()
-    client.force_login(nobody)
-    assert client.get(DASHBOARD).status_code == 403
+def test_the_dashboard_needs_the_view_permission(staff) -> None:
+    assert staff(*VIEWER).get(DASHBOARD).status_code == 200
+    assert staff().get(DASHBOARD).status_code == 403
 
 
 NASTY_SEARCHES = [

@@ -4,9 +4,11 @@ never a 500, and changes nothing it should not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -20,19 +22,14 @@ CHANGELIST = reverse("admin:django_jobs_job_changelist")
 
 
 @pytest.fixture
-def superuser() -> Client:
-    client = Client(raise_request_exception=False)
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
+def client_options() -> dict[str, Any]:
+    """The clients answer a server error with a 500 page, for the tests to see its status."""
+    return {"raise_request_exception": False}
 
 
 @pytest.fixture
-def viewer() -> Client:
-    user = User.objects.create_user("viewer", password="x", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
-    client = Client(raise_request_exception=False)
-    client.force_login(user)
-    return client
+def viewer(staff: Callable[..., Client]) -> Client:
+    return staff("view_job")
 
 
 def test_a_masked_cursor_cannot_be_read_a_letter_at_a_time_through_the_lists_filters(viewer):

@@ -8,13 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from django_jobs.models import Job, Schedule
-from tests.factories import JobFactory
+from tests.factories import JobFactory, ScheduleFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -30,31 +29,13 @@ def button_url(schedule: Schedule, slug: str) -> str:
     return reverse(f"admin:django_jobs_schedule_{slug}", args=[schedule.pk])
 
 
-def staff(*perms: str) -> Client:
-    user = User.objects.create_user(
-        f"staff-{'-'.join(perms) or 'none'}", password="x", is_staff=True
-    )
-    codenames = ["view_schedule", "change_schedule", "add_schedule", "view_job", *perms]
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
+#: What every staff user of these tests may do besides what a test gives them: see, add and
+#: change schedules, and see jobs.
+EDITOR = ("view_schedule", "change_schedule", "add_schedule", "view_job")
 
 
 def make_schedule(**fields: Any) -> Schedule:
-    values: dict[str, Any] = {"name": "nightly", "task": "tests.echo", "cron": "0 3 * * *"}
-    values.update(fields)
-    schedule = Schedule.objects.create(**values)
-    schedule.recompute_next_run()
-    schedule.refresh_from_db()
-    return schedule
+    return ScheduleFactory(**{"name": "nightly", "cron": "0 3 * * *", **fields})
 
 
 def form_data(**fields: str) -> dict[str, str]:
@@ -184,9 +165,9 @@ def test_a_code_schedule_is_read_only_and_says_why(superuser) -> None:
         (("run_schedule",), "run_now", True),
     ],
 )
-def test_each_button_needs_its_permission(perms, slug, allowed) -> None:
+def test_each_button_needs_its_permission(staff, perms, slug, allowed) -> None:
     schedule = make_schedule()
-    client = staff(*perms)
+    client = staff(*EDITOR, *perms)
     response = client.post(button_url(schedule, slug))
     assert response.status_code == (302 if allowed else 403)
     schedule.refresh_from_db()
@@ -200,19 +181,19 @@ def test_each_button_needs_its_permission(perms, slug, allowed) -> None:
     ("perms", "action"),
     [((), "pause_selected"), (("pause_schedule",), "run_selected_now"), ((), "resume_selected")],
 )
-def test_posting_an_action_without_its_permission_is_refused(perms, action) -> None:
+def test_posting_an_action_without_its_permission_is_refused(staff, perms, action) -> None:
     schedule = make_schedule()
     data = {"action": action, "_selected_action": [schedule.pk]}
-    assert staff(*perms).post(CHANGELIST, data).status_code == 403
+    assert staff(*EDITOR, *perms).post(CHANGELIST, data).status_code == 403
 
 
-def test_the_buttons_are_post_only_and_shown_to_whom_may_use_them(superuser) -> None:
+def test_the_buttons_are_post_only_and_shown_to_whom_may_use_them(superuser, staff) -> None:
     schedule = make_schedule()
     assert superuser.get(button_url(schedule, "pause")).status_code == 405
     page = superuser.get(change_url(schedule)).content.decode()
     assert button_url(schedule, "pause") in page and button_url(schedule, "run_now") in page
     assert button_url(schedule, "resume") not in page
-    client = staff()
+    client = staff(*EDITOR)
     page = client.get(change_url(schedule)).content.decode()
     assert button_url(schedule, "pause") not in page and button_url(schedule, "run_now") not in page
     assert client.get(CHANGELIST).context["action_form"] is None  # no action it may run
@@ -313,7 +294,7 @@ def test_an_edit_writes_only_what_it_changed_and_keeps_a_due_tick() -> None:
 
     model_admin = admin.site._registry[Schedule]
     request = RequestFactory().post(change_url(schedule))
-    request.user = User.objects.create_superuser("root", password="x")
+    request.user = UserFactory(username="root", superuser=True)
     form_class = model_admin.get_form(request, opened, change=True)
     data = form_data(name="nightly", cron="0 3 * * *", timezone="UTC", args="[]", kwargs="{}")
     form = form_class(data={**data, "priority": "5"}, instance=opened)
@@ -430,13 +411,10 @@ def test_the_preview_says_what_is_wrong_with_what_is_typed(superuser, cron, zone
     assert "<script>" not in content and "dj-next-fires" not in content
 
 
-def test_the_preview_needs_the_right_to_add_or_change_a_schedule() -> None:
-    viewer = User.objects.create_user("viewer", password="x", is_staff=True)
-    viewer.user_permissions.set(Permission.objects.filter(codename="view_schedule"))
-    client = Client()
-    client.force_login(viewer)
-    assert client.get(PREVIEW, {"cron": "@daily", "timezone": "UTC"}).status_code == 403
-    adder = staff()
+def test_the_preview_needs_the_right_to_add_or_change_a_schedule(staff) -> None:
+    viewer = staff("view_schedule")
+    assert viewer.get(PREVIEW, {"cron": "@daily", "timezone": "UTC"}).status_code == 403
+    adder = staff(*EDITOR)
     assert adder.get(PREVIEW, {"cron": "@daily", "timezone": "UTC"}).status_code == 200
     assert Client().get(PREVIEW).status_code == 302  # to the login page
     assert adder.post(PREVIEW, {"cron": "@daily"}).status_code == 405

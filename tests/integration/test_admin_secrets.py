@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 from django.apps import apps
 from django.contrib import admin
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.test import Client
@@ -32,7 +32,8 @@ from django_jobs.models import (
     Worker,
 )
 from django_jobs.tokens import auth
-from tests.factories import AttemptFactory, JobFactory, WorkerFactory
+from tests.factories import AttemptFactory, JobFactory, UserFactory, WorkerFactory
+from tests.integration.helpers import logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -128,23 +129,22 @@ def secret_job() -> dict[type[models.Model], Any]:
     }
 
 
-def view_only_staff() -> Client:
+@pytest.fixture
+def client_options() -> dict[str, Any]:
+    """The clients answer a server error with a 500 page, for the walk to report its URL."""
+    return {"raise_request_exception": False}
+
+
+@pytest.fixture
+def viewer(client_options: dict[str, Any]) -> Client:
     """Staff with the view permissions of every model of the app, and nothing else."""
-    user = User.objects.create_user("viewer", password="x", is_staff=True)
+    user = UserFactory(username="viewer")
     user.user_permissions.set(
         Permission.objects.filter(
             content_type__app_label="django_jobs", codename__startswith="view_"
         )
     )
-    client = Client(raise_request_exception=False)
-    client.force_login(user)
-    return client
-
-
-def superuser() -> Client:
-    client = Client(raise_request_exception=False)
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
+    return logged_in(user, **client_options)
 
 
 PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>[^)]*\)")
@@ -227,8 +227,8 @@ def leaks(response: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("who", ["view-only staff", "superuser"])
-def test_no_admin_page_shows_a_secret(secret_job, who) -> None:
-    client = view_only_staff() if who == "view-only staff" else superuser()
+def test_no_admin_page_shows_a_secret(request, secret_job, who) -> None:
+    client = request.getfixturevalue("viewer" if who == "view-only staff" else "superuser")
     job = secret_job[Job]
     urls = admin_urls(secret_job) + search_urls(secret_job)
     assert reverse("admin:django_jobs_job_change", args=[job.pk]) in urls
@@ -257,9 +257,9 @@ def test_no_admin_page_shows_a_secret(secret_job, who) -> None:
     assert 'id="dj-steps"' in content and 'id="dj-cursors"' in content
 
 
-def test_the_dashboard_has_no_page_per_job(secret_job) -> None:
+def test_the_dashboard_has_no_page_per_job(secret_job, viewer, superuser) -> None:
     job = secret_job[Job]
-    for client in (view_only_staff(), superuser()):
+    for client in (viewer, superuser):
         assert client.get(reverse("admin:django_jobs_dashboard_changelist")).status_code == 200
         for page in ("", "change/", "history/", "delete/"):
             response = client.get(f"/admin/django_jobs/dashboard/{job.pk}/{page}")
@@ -279,8 +279,10 @@ def test_the_dashboard_has_no_page_per_job(secret_job) -> None:
         "attempts__traceback__contains=hunter2",
     ],
 )
-def test_the_list_cannot_be_filtered_on_masked_values(secret_job, lookup) -> None:
+def test_the_list_cannot_be_filtered_on_masked_values(
+    secret_job, viewer, superuser, lookup
+) -> None:
     """A filter on a masked value would reveal it a letter at a time."""
-    for client in (view_only_staff(), superuser()):
+    for client in (viewer, superuser):
         response = client.get(f"{reverse('admin:django_jobs_job_changelist')}?{lookup}")
         assert response.status_code == 400, lookup

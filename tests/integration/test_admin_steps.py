@@ -9,9 +9,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -28,23 +26,6 @@ CHANGELIST = reverse("admin:django_jobs_job_changelist")
 
 def page_url(job: Job) -> str:
     return reverse("admin:django_jobs_job_change", args=[job.pk])
-
-
-def staff(*perms: str) -> Client:
-    user = User.objects.create_user(
-        f"staff-{'-'.join(perms) or 'none'}", password="x", is_staff=True
-    )
-    user.user_permissions.set(Permission.objects.filter(codename__in=["view_job", *perms]))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
 
 
 def messages_of(response) -> list[str]:
@@ -259,8 +240,8 @@ def test_the_job_page_offers_both_retries_and_each_button_does_its_own(superuser
     ("perms", "allowed"),
     [(["retry_job"], True), (["cancel_job", "run_job_now"], False), ([], False)],
 )
-def test_both_retries_need_the_retry_permission(perms, allowed) -> None:
-    client = staff(*perms)
+def test_both_retries_need_the_retry_permission(staff, perms, allowed) -> None:
+    client = staff("view_job", *perms)
     jobs = {"retry_selected": failed_job(), "retry_from_start_selected": failed_job()}
     menu = client.get(CHANGELIST).content.decode()
     page = client.get(page_url(jobs["retry_selected"])).content.decode()

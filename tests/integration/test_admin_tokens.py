@@ -4,27 +4,26 @@ revoked and deleted, each only with its permission."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from django_jobs.models import ApiToken
 from django_jobs.tokens import auth
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
-from tests.integration.test_api import Api
+from tests.factories import UserFactory
+from tests.integration.helpers import Api, logged_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 URL = "/admin/django_jobs/apitoken/"
 
 
-def staff(name: str, *codenames: str) -> tuple[User, Client]:
-    user = User.objects.create_user(name, password="x", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=["view_apitoken", *codenames]))
-    client = Client(HTTP_HOST="localhost")
-    client.force_login(user)
-    return user, client
+def staff(name: str, *codenames: str) -> tuple[Any, Client]:
+    """A staff user named ``name`` who may see the tokens and do what ``codenames`` say, and a
+    test client logged in as them."""
+    user = UserFactory(username=name, permissions=["view_apitoken", *codenames])
+    return user, logged_in(user, HTTP_HOST="localhost")
 
 
 NEW = {"name": "fleet", "queues": "remote, default", "can_enqueue": "on",

@@ -23,6 +23,7 @@ from django_jobs.models import AlertThreshold, Job, Rollup, Schedule, ScheduleTi
 from support.history import fill_history
 from tests.conftest import ROOT
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
+from tests.integration.helpers import read_only_role_sql
 
 pytestmark = pytest.mark.django_db
 
@@ -645,8 +646,6 @@ def test_each_grafana_alert_rule_reads_its_kind_from_the_view(now: datetime) -> 
 
 def test_the_documented_read_only_role_reads_the_view(now: datetime) -> None:
     from django.db.utils import ProgrammingError
-
-    from tests.integration.test_grafana import read_only_role_sql
 
     JobFactory(queue="reports", run_after=now - timedelta(minutes=25))
     with connection.cursor() as cursor:

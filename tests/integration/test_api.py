@@ -25,45 +25,14 @@ from django_jobs.registry import registry
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
 from tests.conftest import connect
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
+from tests.integration.helpers import Api, claimed, make_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def make_token(queues: tuple[str, ...] = ("default", "remote"), **options: Any) -> str:
-    return auth.create(f"t{time.monotonic_ns()}", list(queues), **options)[1]
-
-
-class Api:
-    def __init__(self, token: str | None) -> None:
-        self.client = Client(HTTP_HOST="localhost")
-        self.token = token
-
-    def post(self, path: str, body: Any = None, *, raw: bytes | None = None) -> Any:
-        headers = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"} if self.token else {}
-        data = raw if raw is not None else json.dumps({} if body is None else body)
-        response = self.client.post(
-            f"/jobs/api/v1/{path}", data, content_type="application/json", **headers
-        )
-        response.data = json.loads(response.content) if response.content else None
-        return response
-
-    def claim(self, worker: str = "w1", **body: Any) -> Any:
-        return self.post("claim", {"worker": worker, **body})
-
-    def job(self, job_id: int, action: str, lease: str, **body: Any) -> Any:
-        return self.post(f"jobs/{job_id}/{action}", {"lease": lease, **body})
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 
 @pytest.fixture
 def api() -> Api:
     return Api(make_token(can_enqueue=True))
-
-
-def claimed(api: Api, **body: Any) -> dict[str, Any]:
-    response = api.claim(**body)
-    assert response.status_code == 200, response.data
-    return dict(response.data["job"])
 
 
 # ---------------------------------------------------------------------- a job's life
@@ -462,22 +431,12 @@ def test_remote_tasks_are_enqueued_here_and_never_claimed_by_database_workers() 
         registry.get("remote.upper")()
 
 
-def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> None:
-    from django.contrib.auth.models import Permission, User
-
+def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission(staff) -> None:
     row, secret = auth.create("fleet", ["remote"])
     assert Api(secret).claim(queues=["remote"]).status_code == 204
 
-    def staff(*codenames: str) -> Client:
-        user = User.objects.create_user(f"u-{len(codenames)}", password="x", is_staff=True)
-        wanted = ["view_apitoken", *codenames]
-        user.user_permissions.set(Permission.objects.filter(codename__in=wanted))
-        client = Client(HTTP_HOST="localhost")
-        client.force_login(user)
-        return client
-
     url = "/admin/django_jobs/apitoken/"
-    viewer = staff()
+    viewer = staff("view_apitoken")
     page = viewer.get(url)
     assert page.status_code == 200 and b"fleet" in page.content
     assert secret.encode() not in page.content and row.token_hash.encode() not in page.content
@@ -486,7 +445,7 @@ def test_the_admin_lists_tokens_and_revokes_them_only_with_the_permission() -> N
     row.refresh_from_db()
     assert row.revoked_at is None  # a forged POST without the permission changes nothing
 
-    revoker = staff("revoke_apitoken")
+    revoker = staff("view_apitoken", "revoke_apitoken")
     assert b"revoke_tokens" in revoker.get(url).content
     revoker.post(url, {"action": "revoke_tokens", "_selected_action": [row.pk]})
     row.refresh_from_db()

@@ -5,15 +5,10 @@ when the finish held its lease. Served both ways: Django's URL handler and ``wit
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
 from typing import Any
 
-import httpx
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from django_jobs import store
@@ -22,47 +17,13 @@ from django_jobs.api.operations import registrations
 from django_jobs.models import Attempt, Job, Worker
 from django_jobs.queues import controls
 from django_jobs.tokens import auth
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
+from tests.integration.helpers import Answer, ServedApi, make_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Answer:
-    def __init__(self, status: int, content: bytes) -> None:
-        self.status = status
-        self.data = json.loads(content) if content else None
-
-    def __repr__(self) -> str:
-        return f"{self.status} {self.data!r}"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 
-class Api:
+class Api(ServedApi):
     """The API of one token, through Django's URL handler or through ``with_api``."""
-
-    def __init__(self, token: str, served_by: str) -> None:
-        self.token = token
-        self.served_by = served_by
-
-    def post(self, path: str, body: dict[str, Any]) -> Answer:
-        data = json.dumps(body).encode()
-        if self.served_by == "django":
-            response = Client(HTTP_HOST="localhost").post(
-                f"/jobs/api/v1/{path}",
-                data,
-                content_type="application/json",
-                HTTP_AUTHORIZATION=f"Bearer {self.token}",
-            )
-            return Answer(response.status_code, response.content)
-        from testproject.asgi import application
-
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=application)
-            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-                headers = {"Authorization": f"Bearer {self.token}"}
-                return await client.post(f"/jobs/api/v1/{path}", content=data, headers=headers)
-
-        response = asyncio.run(send())
-        return Answer(response.status_code, response.content)
 
     def enqueue(self, **body: Any) -> int:
         answer = self.post("enqueue", {"task": "remote.upper", "args": ["x"], **body})
@@ -81,7 +42,7 @@ class Api:
 
 
 def token(queues: tuple[str, ...] = ("default", "remote")) -> str:
-    return auth.create(f"t{time.monotonic_ns()}", list(queues), can_enqueue=True)[1]
+    return make_token(queues, can_enqueue=True)
 
 
 @pytest.fixture(params=["django", "asgi"])

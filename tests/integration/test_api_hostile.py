@@ -7,7 +7,6 @@ headers, raw paths) are in tests/system/test_api_raw_http.py."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -15,88 +14,28 @@ from typing import Any
 import httpx
 import pytest
 from django.db import connection
-from django.test import Client
 
 from django_jobs.api import protocol, views
 from django_jobs.models import Attempt, Job, Step, Worker
 from django_jobs.tokens import auth
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
+from tests.integration.helpers import Answer, ServedApi, dumps
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 #: The statuses a request of a hostile client may get.
 REFUSALS = {400, 401, 403, 404, 409, 413}
 
 
-class Answer:
-    def __init__(self, status: int, content: bytes, headers: dict[str, str]) -> None:
-        self.status = status
-        self.content = content
-        self.headers = headers
-        self.data = json.loads(content) if content else None
-
-    def __repr__(self) -> str:
-        return f"{self.status} {self.content[:300]!r}"
-
-
-class DjangoApi:
-    """The API served by Django's URL handler (urls.py and the views), as under WSGI."""
-
-    name = "django"
-
-    def __init__(self, token: str) -> None:
-        self.client = Client(HTTP_HOST="localhost", raise_request_exception=False)
-        self.token = token
-
-    def raw(self, path: str, data: bytes, headers: dict[str, str] | None = None) -> Answer:
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"}
-        for name, value in (headers or {}).items():
-            extra["HTTP_" + name.upper().replace("-", "_")] = value
-        response = self.client.post(
-            f"/jobs/api/{path}", data, content_type="application/json", **extra
-        )
-        return Answer(response.status_code, response.content, dict(response.items()))
-
-    def post(self, path: str, body: Any) -> Answer:
-        return self.raw(path, body if isinstance(body, bytes) else dumps(body))
-
-
-class AsgiApi:
-    """The API served by ``with_api`` ahead of Django's handler, as uvicorn runs it."""
-
-    name = "asgi"
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-    def raw(self, path: str, data: bytes, headers: dict[str, str] | None = None) -> Answer:
-        from testproject.asgi import application
-
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=application)
-            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-                return await client.post(
-                    f"/jobs/api/{path}",
-                    content=data,
-                    headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
-                )
-
-        response = asyncio.run(send())
-        return Answer(response.status_code, response.content, dict(response.headers))
-
-    def post(self, path: str, body: Any) -> Answer:
-        return self.raw(path, body if isinstance(body, bytes) else dumps(body))
-
-
-def dumps(body: Any) -> bytes:
-    # ensure_ascii: lone surrogates and NULs travel as \\u escapes, as any JSON encoder sends them
-    return json.dumps(body).encode()
+def served(token: str, served_by: str = "django") -> ServedApi:
+    """The API of ``token``, served ``served_by``, its paths under the mount point; a view's
+    exception is a 500 answer."""
+    return ServedApi(token, served_by, base="/jobs/api/", raise_request_exception=False)
 
 
 @pytest.fixture(params=["django", "asgi"])
-def api(request: pytest.FixtureRequest) -> DjangoApi | AsgiApi:
+def api(request: pytest.FixtureRequest) -> ServedApi:
     token = auth.create("ta", ["default", "remote"], can_enqueue=True)[1]
-    return DjangoApi(token) if request.param == "django" else AsgiApi(token)
+    return served(token, request.param)
 
 
 def snapshot() -> list[Any]:
@@ -109,7 +48,7 @@ def snapshot() -> list[Any]:
     return rows
 
 
-def claimed_job(api: DjangoApi | AsgiApi) -> dict[str, Any]:
+def claimed_job(api: ServedApi) -> dict[str, Any]:
     """A running job of ``api``'s token, and another one pending."""
     for _ in range(2):
         assert api.post("v1/enqueue", {"task": "remote.upper", "args": ["x"]}).status == 201
@@ -150,7 +89,7 @@ def refused(answer: Answer, status: int | set[int], field: Any = ...) -> None:
     ],
 )  # fmt: skip
 def test_nul_lone_surrogates_and_huge_integers_are_400_not_503(
-    api: DjangoApi | AsgiApi, path: str, body: dict[str, Any], field: str
+    api: ServedApi, path: str, body: dict[str, Any], field: str
 ) -> None:
     before = snapshot()
     refused(api.post(path, body), 400, field)
@@ -158,7 +97,7 @@ def test_nul_lone_surrogates_and_huge_integers_are_400_not_503(
 
 
 def test_a_lease_or_job_id_out_of_range_is_400_and_a_log_or_reason_with_nul_too(
-    api: DjangoApi | AsgiApi,
+    api: ServedApi,
 ) -> None:
     job = claimed_job(api)
     job_id, lease = job["id"], job["lease"]
@@ -182,7 +121,7 @@ def test_a_lease_or_job_id_out_of_range_is_400_and_a_log_or_reason_with_nul_too(
 
 
 def test_huge_integers_deep_nesting_and_wrong_types_are_400_naming_the_field(
-    api: DjangoApi | AsgiApi,
+    api: ServedApi,
 ) -> None:
     job = claimed_job(api)
     job_id, lease = job["id"], job["lease"]
@@ -245,7 +184,7 @@ def test_huge_integers_deep_nesting_and_wrong_types_are_400_naming_the_field(
 # ---------------------------------------------------------------------- item 11: nothing written
 
 
-def test_a_forged_leases_worker_part_registers_nothing(api: DjangoApi | AsgiApi) -> None:
+def test_a_forged_leases_worker_part_registers_nothing(api: ServedApi) -> None:
     job = claimed_job(api)
     job_id, lease = job["id"], job["lease"]
     before = snapshot()
@@ -277,14 +216,12 @@ def test_a_forged_leases_worker_part_registers_nothing(api: DjangoApi | AsgiApi)
         ({"concurrency": 0}, "info.concurrency"),
     ],
 )
-def test_a_heartbeats_info_is_checked(
-    api: DjangoApi | AsgiApi, info: dict[str, Any], field: str
-) -> None:
+def test_a_heartbeats_info_is_checked(api: ServedApi, info: dict[str, Any], field: str) -> None:
     refused(api.post("v1/heartbeat", {"worker": "w1", "info": info}), 400, field)
     assert not Worker.objects.exists()
 
 
-def test_a_valid_info_is_registered_as_sent(api: DjangoApi | AsgiApi) -> None:
+def test_a_valid_info_is_registered_as_sent(api: ServedApi) -> None:
     info = {"name": "gpu-pod-7", "host": "fe80::1%eth0", "pid": 2**31 - 1, "concurrency": 4,
             "pod": "gpu-pod-7.x", "queues": ["remote"], "tasks": ["remote.upper"]}  # fmt: skip
     answer = api.post("v1/heartbeat", {"worker": "gpu-pod-7:12:ab", "info": info})
@@ -298,7 +235,7 @@ def test_a_valid_info_is_registered_as_sent(api: DjangoApi | AsgiApi) -> None:
 
 def test_the_longest_names_make_a_lease_the_batch_heartbeat_takes() -> None:
     token = auth.create("n" * 100, ["remote"], can_enqueue=True)[1]
-    api = DjangoApi(token)
+    api = served(token)
     assert api.post("v1/enqueue", {"task": "remote.upper"}).status == 201
     worker = "w" * 90
     answer = api.post("v1/claim", {"worker": worker})
@@ -314,7 +251,7 @@ def test_the_longest_names_make_a_lease_the_batch_heartbeat_takes() -> None:
 
 
 def test_a_bug_in_a_view_is_a_json_500_both_ways(
-    api: DjangoApi | AsgiApi, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    api: ServedApi, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
@@ -328,7 +265,7 @@ def test_a_bug_in_a_view_is_a_json_500_both_ways(
 
 
 def test_a_statement_the_database_refuses_for_its_data_is_400_not_503(
-    api: DjangoApi | AsgiApi, monkeypatch: pytest.MonkeyPatch
+    api: ServedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from django.db import DataError
 
@@ -339,7 +276,7 @@ def test_a_statement_the_database_refuses_for_its_data_is_400_not_503(
     refused(api.post("v1/heartbeat", {"worker": "w1"}), 400, None)
 
 
-def test_unknown_paths_under_the_mount_point_get_a_json_404(api: DjangoApi | AsgiApi) -> None:
+def test_unknown_paths_under_the_mount_point_get_a_json_404(api: ServedApi) -> None:
     for path in ("v1/nothing", "v1/claim/", "v1/jobs/abc/finish", "v2/claim", ""):
         refused(api.post(path, {}), 404, None)
 
@@ -363,7 +300,7 @@ def test_django_asgi_handler_does_not_serve_a_percent_encoded_path() -> None:
     assert Worker.objects.count() == 1
 
 
-def test_two_authorization_headers_are_refused_not_last_wins(api: DjangoApi | AsgiApi) -> None:
+def test_two_authorization_headers_are_refused_not_last_wins(api: ServedApi) -> None:
     # As servers pass repeated headers on: joined with a comma.
     answer = api.raw("v1/claim", dumps({"worker": "w1"}),
                      {"Authorization": f"Bearer nope,Bearer {api.token}"})  # fmt: skip
@@ -371,7 +308,7 @@ def test_two_authorization_headers_are_refused_not_last_wins(api: DjangoApi | As
 
 
 def test_a_database_that_cannot_be_reached_is_a_503_with_retry_after(
-    api: DjangoApi | AsgiApi, monkeypatch: pytest.MonkeyPatch
+    api: ServedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from django.db import OperationalError
 
@@ -463,7 +400,7 @@ def hostile_bodies(job_id: int, lease: str) -> Iterator[tuple[str, str, dict[str
 
 
 def test_hostile_bodies_at_every_endpoint_get_a_json_4xx_and_change_nothing(
-    api: DjangoApi | AsgiApi,
+    api: ServedApi,
 ) -> None:
     job = claimed_job(api)
     job_id, lease = job["id"], job["lease"]

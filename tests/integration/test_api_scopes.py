@@ -25,10 +25,9 @@ from django_jobs.api.waiting import dispatcher
 from django_jobs.models import ApiToken, Attempt, Job
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
-from tests.integration.test_api import Api, claimed, make_token
+from tests.integration.helpers import Api, claimed, make_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 GENERIC_409 = protocol.lease_lost().body()
 

@@ -6,15 +6,12 @@ queues. Served both ways: Django's URL handler and ``with_api``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
-import httpx
 import pytest
 from django.db import connection
-from django.test import Client, override_settings
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_jobs import conf, store
@@ -22,47 +19,13 @@ from django_jobs.api import operations, protocol
 from django_jobs.models import Job, Step
 from django_jobs.store.sql import query
 from django_jobs.tokens import auth
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
+from tests.integration.helpers import Answer, ServedApi, make_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Answer:
-    def __init__(self, status: int, content: bytes) -> None:
-        self.status = status
-        self.data = json.loads(content) if content else None
-
-    def __repr__(self) -> str:
-        return f"{self.status} {self.data!r}"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 
-class Api:
+class Api(ServedApi):
     """The API of one token, through Django's URL handler or through ``with_api``."""
-
-    def __init__(self, token: str | None, served_by: str = "django") -> None:
-        self.token = token
-        self.served_by = served_by
-
-    def raw(self, path: str, data: bytes) -> Answer:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        if self.served_by == "django":
-            extra = {"HTTP_AUTHORIZATION": headers["Authorization"]} if headers else {}
-            response = Client(HTTP_HOST="localhost").post(
-                f"/jobs/api/v1/{path}", data, content_type="application/json", **extra
-            )
-            return Answer(response.status_code, response.content)
-        from testproject.asgi import application
-
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=application)
-            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-                return await client.post(f"/jobs/api/v1/{path}", content=data, headers=headers)
-
-        response = asyncio.run(send())
-        return Answer(response.status_code, response.content)
-
-    def post(self, path: str, body: Any) -> Answer:
-        return self.raw(path, json.dumps(body).encode())
 
     def enqueue(self, **options: Any) -> int:
         body = {"task": "remote.upper", "args": ["x"], "options": options}
@@ -90,13 +53,9 @@ class Api:
         assert answer.data == {"state": "pending"}, answer
 
 
-def token(queues: tuple[str, ...] = ("default", "remote"), **options: Any) -> str:
-    return auth.create(f"t{time.monotonic_ns()}", list(queues), **options)[1]
-
-
 @pytest.fixture(params=["django", "asgi"])
 def api(request: pytest.FixtureRequest) -> Api:
-    return Api(token(can_enqueue=True), request.param)
+    return Api(make_token(can_enqueue=True), request.param)
 
 
 def cursors_of(job_id: int) -> dict[str, Any] | None:
@@ -216,7 +175,7 @@ def test_a_lease_that_moved_records_no_step_and_saves_no_cursor(api: Api) -> Non
 
 
 def test_a_lease_of_another_token_records_nothing() -> None:
-    owner, other = Api(token(can_enqueue=True)), Api(token())
+    owner, other = Api(make_token(can_enqueue=True)), Api(make_token())
     job_id = owner.enqueue()
     job = owner.claim()
     assert other.step(job, "a", 1).status == 409
@@ -330,7 +289,7 @@ def test_a_step_result_of_the_default_payload_limit_fits_in_a_body_and_more_is_4
 
 @pytest.mark.parametrize("action", ["steps", "cursor", "progress", ""])
 def test_a_request_without_a_valid_token_gets_401_before_its_body_is_read(action: str) -> None:
-    owner = Api(token(can_enqueue=True))
+    owner = Api(make_token(can_enqueue=True))
     owner.enqueue()
     job = owner.claim()
     path = f"jobs/{job['id']}/{action}".rstrip("/")
@@ -395,16 +354,16 @@ def test_the_job_view_of_a_job_without_steps_progress_or_cursors(api: Api) -> No
 
 
 def test_the_job_view_answers_404_alike_for_a_job_of_another_queue_and_no_job() -> None:
-    enqueuer = Api(token(("default", "remote"), can_enqueue=True))
+    enqueuer = Api(make_token(("default", "remote"), can_enqueue=True))
     elsewhere = enqueuer.enqueue(queue="default")
     here = enqueuer.enqueue()
-    remote_only = Api(token(("remote",)))  # a claim-only token sees the jobs of its queues
+    remote_only = Api(make_token(("remote",)))  # a claim-only token sees the jobs of its queues
     assert remote_only.post(f"jobs/{here}", {}).status == 200
     hidden = remote_only.post(f"jobs/{elsewhere}", {})
     missing = remote_only.post(f"jobs/{here + 1000}", {})
     assert hidden.status == missing.status == 404
     assert hidden.data == missing.data and hidden.data["field"] == "job_id"
-    every = Api(token(("*",)))
+    every = Api(make_token(("*",)))
     assert every.post(f"jobs/{elsewhere}", {}).status == 200
     too_big = every.post(f"jobs/{2**63}", {})
     assert (too_big.status, too_big.data["field"]) == (400, "job_id")
@@ -414,7 +373,7 @@ def test_the_job_view_answers_404_alike_for_a_job_of_another_queue_and_no_job() 
 
 
 def test_a_claim_reads_the_steps_and_cursors_in_its_one_statement() -> None:
-    api = Api(token(can_enqueue=True))
+    api = Api(make_token(can_enqueue=True))
     job_id = api.enqueue(max_attempts=3)
     first = api.claim()
     assert api.step(first, "a", 1).status == 201
@@ -435,7 +394,7 @@ def test_a_claim_reads_the_steps_and_cursors_in_its_one_statement() -> None:
 
 
 def test_a_finish_with_claim_next_reads_the_next_jobs_checkpoint_in_its_one_statement() -> None:
-    api = Api(token(("remote",), can_enqueue=True))
+    api = Api(make_token(("remote",), can_enqueue=True))
     retried = api.enqueue(max_attempts=3)
     first = api.claim()
     assert api.cursor(first, "page", 5).status == 200

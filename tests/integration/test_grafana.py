@@ -3,7 +3,6 @@ database with realistic data and returns the columns its panel expects."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,8 +10,8 @@ from django.db import connection
 from django.db.utils import ProgrammingError
 
 from support.grafana import expand, load, panel_queries
-from tests.conftest import ROOT
-from tests.unit.test_grafana import EXPECTED_COLUMNS
+from tests.integration.helpers import read_only_role_sql
+from tests.unit.helpers import EXPECTED_COLUMNS
 
 
 def six_hours() -> dict[str, datetime]:
@@ -112,12 +111,6 @@ def test_the_schedules_panel_puts_late_schedules_first(busy_system) -> None:
     assert schedules["on-time"]["last_job_id"] == busy_system["late"].pk
     assert schedules["paused"]["paused"] and not schedules["late-report"]["paused"]
     assert not any(s["removed_from_code"] for s in schedules.values())
-
-
-def read_only_role_sql() -> str:
-    text = (ROOT / "docs" / "operations.md").read_text()
-    section = text.split("### A read-only role for Grafana", 1)[1]
-    return re.search(r"```sql\n(.*?)```", section, re.S)[1]
 
 
 def test_the_documented_read_only_role_can_run_every_panel_but_not_read_tables(

@@ -335,7 +335,7 @@ def test_bad_metrics_settings_are_system_check_errors(settings, setting, value, 
 def test_the_shipped_alert_rules_name_metrics_and_labels_the_page_serves(
     known_rows: datetime,
 ) -> None:
-    from tests.unit.test_alert_rules import prometheus_rules, selectors
+    from tests.unit.helpers import prometheus_rules, selectors
 
     served: dict[str, set[str]] = {}
     for (name, labels), _ in scrape().items():

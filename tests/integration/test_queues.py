@@ -17,21 +17,10 @@ from django_jobs.exceptions import InvalidOption
 from django_jobs.models import Job, Queue
 from django_jobs.store.sql import query
 from testproject.testjobs.jobs import echo, import_customer, noop
-from tests.factories import JobFactory
+from tests.factories import JobFactory, UserFactory
+from tests.integration.helpers import WORKER, claim, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WORKER = "test-worker:1:aaaaaa"
-
-
-def claim(queues_=None):
-    with connection.cursor() as cursor:
-        return store.claim(cursor, WORKER, queues_)
-
-
-def finish(job, outcome="done"):
-    with connection.cursor() as cursor:
-        return store.finish(cursor, job.lease, outcome)
 
 
 def running(key=None, queue=None):
@@ -339,11 +328,7 @@ def test_a_future_job_of_a_key_does_not_hold_its_slot() -> None:
 
 
 def _staff(client, *codenames: str):
-    from django.contrib.auth.models import Permission, User
-
-    user = User.objects.create_user("ops", password="x", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client.force_login(user)
+    client.force_login(UserFactory(username="ops", permissions=codenames))
     return client
 
 

@@ -14,7 +14,7 @@ from django_jobs.models import Dependency, Job
 from django_jobs.reaper import reap_pass
 from django_jobs.store.sql import query
 from tests.factories import JobFactory
-from tests.integration.test_transitions import _generic_plan, _uses_one_of
+from tests.integration.helpers import generic_plan, uses_one_of
 
 pytestmark = pytest.mark.django_db
 
@@ -189,9 +189,9 @@ def test_a_claim_under_controls_takes_its_queues_job_from_that_queues_part_of_th
     with transaction.atomic():
         custom = _explain(free_claim, params)
         transaction.set_rollback(True)
-    generic = _generic_plan(free_claim, params)
+    generic = generic_plan(free_claim, params)
     for plan in (custom, generic):
-        assert _uses_one_of(("job_claim_free_queue_idx",), plan), plan
+        assert uses_one_of(("job_claim_free_queue_idx",), plan), plan
         assert "Sort" not in plan and "Rows Removed by Filter" not in plan, plan
     # And the function, with its inner statements: it claims the open queue's job having read
     # a handful of job rows, not the backlog's thousands.

@@ -29,7 +29,7 @@ from django_jobs.schedules import declarations, ticks
 from django_jobs.store import operations_views as stats
 from testproject.testjobs.jobs import nightly
 from tests.conftest import connect
-from tests.factories import JobFactory
+from tests.factories import JobFactory, ScheduleFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,9 +66,7 @@ def overdue(name: str, by: str = "0 seconds") -> None:
 
 
 def admin_schedule(name: str, cron: str = "* * * * *", **fields: Any) -> Schedule:
-    schedule = Schedule.objects.create(name=name, task="tests.echo", cron=cron, **fields)
-    schedule.recompute_next_run()
-    return schedule
+    return ScheduleFactory(name=name, cron=cron, **fields)
 
 
 def tick_count(name: str) -> int:

@@ -25,7 +25,7 @@ from django_jobs.store import Lease
 from django_jobs.store.sql import query
 from testproject.testjobs.jobs import echo
 from tests.factories import JobFactory
-from tests.unit.test_states import declared_statements_by_name
+from tests.unit.helpers import declared_statements_by_name
 
 pytestmark = pytest.mark.django_db
 

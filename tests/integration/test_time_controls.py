@@ -11,26 +11,15 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import queues, store, workflows
+from django_jobs import queues, workflows
 from django_jobs.exceptions import InvalidOption
 from django_jobs.models import Job, Queue, RateWindow
 from django_jobs.rates import Rate, parse_rate, spell
 from testproject.testjobs.jobs import echo, expiring, rated, rated_retry, tenant_import
 from tests.factories import JobFactory
+from tests.integration.helpers import claim, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WORKER = "test-worker:1:aaaaaa"
-
-
-def claim(queues_=None):
-    with connection.cursor() as cursor:
-        return store.claim(cursor, WORKER, queues_)
-
-
-def finish(job, outcome="done"):
-    with connection.cursor() as cursor:
-        return store.finish(cursor, job.lease, outcome)
 
 
 def age_window(key: str, seconds: float) -> None:

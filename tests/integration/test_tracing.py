@@ -25,10 +25,9 @@ from django_jobs.models import Job
 from django_jobs.worker import http_queue
 from testproject.testjobs import tasks
 from testproject.testjobs.jobs import echo
-from tests.integration.api_state import api_pool, fresh_caches  # noqa: F401
-from tests.integration.test_api import Api, make_token
+from tests.integration.helpers import Api, make_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_state")]
 
 
 @pytest.fixture

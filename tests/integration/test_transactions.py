@@ -22,7 +22,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.test import Client
@@ -37,7 +36,8 @@ from django_jobs.store import db
 from django_jobs.tokens import auth
 from testproject.testjobs.jobs import echo
 from tests.conftest import connect
-from tests.factories import JobFactory
+from tests.factories import JobFactory, ScheduleFactory, UserFactory
+from tests.integration.helpers import logged_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,9 +121,7 @@ def running_parent() -> JobContext:
 
 
 def schedule(name: str = "every-minute", **fields: Any) -> Schedule:
-    row = Schedule.objects.create(name=name, task="tests.echo", cron="* * * * *", **fields)
-    row.recompute_next_run()
-    return row
+    return ScheduleFactory(name=name, **fields)
 
 
 def paused_schedule() -> Schedule:
@@ -243,9 +241,7 @@ def _saved(admin: Client, url: str, data: dict[str, str]) -> None:
 
 
 def _admin() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="x"))
-    return client
+    return logged_in(UserFactory(username="root", superuser=True))
 
 
 def _jobs(**fields: Any) -> QuerySet[Job]:

@@ -11,8 +11,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
-import psycopg.sql
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -25,15 +23,16 @@ from django_jobs.store import sql
 from django_jobs.store.sql import functions
 from tests.conftest import connect
 from tests.factories import JobFactory
+from tests.integration.helpers import (
+    CLAIM_INDEXES,
+    CLAIM_QUEUE_INDEXES,
+    WORKER,
+    claim,
+    generic_plan,
+    uses_one_of,
+)
 
 pytestmark = pytest.mark.django_db
-
-WORKER = "test-worker:1:aaaaaa"
-
-
-def claim(queues=None, worker=WORKER):
-    with connection.cursor() as cursor:
-        return store.claim(cursor, worker, queues)
 
 
 def test_claim_marks_running_counts_the_attempt_and_opens_an_attempt_row() -> None:
@@ -281,39 +280,15 @@ def test_claim_plan_uses_the_partial_index_and_never_sorts_at_100k_pending() -> 
     for queues, indexes in [(None, CLAIM_INDEXES), (["reports"], CLAIM_QUEUE_INDEXES)]:
         sql, params = store.claim_sql(queues)
         plans[queues and queues[0]] = plan = _plan(sql, {"worker_id": WORKER, **params})
-        assert _uses_one_of(indexes, plan), plan
+        assert uses_one_of(indexes, plan), plan
         # (The guard reads the queue table, a row per paused or limited queue, whole.)
         assert "Sort" not in plan and "Seq Scan on django_jobs_job" not in plan, plan
         # The worker runs the statement inside django_jobs_claim(), which keeps a generic plan
         # (one made without the parameters' values): that one must use the index as well.
-        generic = _generic_plan(sql, {"worker_id": WORKER, **params})
-        assert _uses_one_of(indexes, generic), generic
+        generic = generic_plan(sql, {"worker_id": WORKER, **params})
+        assert uses_one_of(indexes, generic), generic
         assert "Sort" not in generic and "Seq Scan on django_jobs_job" not in generic, generic
     print("\n\n".join(plans.values()))
-
-
-#: The indexes of an ordered claim of jobs without a concurrency key (any queue, one queue).
-CLAIM_INDEXES = ("job_claim_free_idx",)
-CLAIM_QUEUE_INDEXES = ("job_claim_free_queue_idx",)
-
-
-def _uses_one_of(indexes: tuple[str, ...], plan: str) -> bool:
-    return any(f"Index Scan using {index} " in plan for index in indexes)
-
-
-def _generic_plan(sql: str, params: dict) -> str:
-    names = list(params)
-    for number, name in enumerate(names, start=1):
-        sql = sql.replace(f"%({name})s", f"${number}")
-    with connect() as conn:
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE generic_claim AS {sql}")
-        values = ", ".join(_literal(conn, params[name]) for name in names)
-        return "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE generic_claim({values})"))
-
-
-def _literal(conn, value) -> str:
-    return psycopg.sql.Literal(value).as_string(conn)
 
 
 def _function_body(name: str) -> str:

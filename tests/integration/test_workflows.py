@@ -12,7 +12,7 @@ from django_jobs.models import Dependency, Job
 from django_jobs.reaper import reap_pass
 from testproject.testjobs.jobs import echo, fail, retry_then_succeed
 from tests.factories import JobFactory
-from tests.integration.test_transitions import CLAIM_INDEXES, _uses_one_of
+from tests.integration.helpers import CLAIM_INDEXES, uses_one_of
 
 pytestmark = pytest.mark.django_db
 
@@ -117,7 +117,7 @@ def test_the_claim_ignores_100k_waiting_jobs_and_stays_on_the_index() -> None:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, {"worker_id": "w:1:0", **params})
         plan = "\n".join(row[0] for row in cursor.fetchall())
     print("\n" + plan)
-    assert _uses_one_of(CLAIM_INDEXES, plan), plan
+    assert uses_one_of(CLAIM_INDEXES, plan), plan
     # (The claim's guard reads the queue table, a row per paused or limited queue, whole.)
     assert "Sort" not in plan and "Seq Scan on django_jobs_job" not in plan
     assert Job.objects.get(pk=blocker.pk).state == "running"  # the one pending job

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,70 +29,10 @@ from testproject.testjobs.jobs import (
     tree,
 )
 from testproject.testjobs.models import Execution
-from tests.conftest import ROOT, WorkerProcess, connect, wait_for
+from tests.conftest import ApiServer, WorkerProcess, connect, wait_for
+from tests.system.helpers import FAST_API_WORKER, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "3",
-    "JOBS_KILL_GRACE": "1",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class ApiServer:
-    """The HTTP API, served by uvicorn on the test database; it can be stopped and started again
-    on the same port."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/jobs/api/"
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "uvicorn", "testproject.asgi:application"]
-        self.proc = subprocess.Popen(
-            [*command, "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        wait_for(self.listening, timeout=60)  # Django's start-up, on a busy machine
-
-    def listening(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"uvicorn exited:\n{self.proc.communicate()[0]}")
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def stop(self) -> str:
-        assert self.proc is not None
-        self.proc.terminate()
-        output = self.proc.communicate(timeout=30)[0]
-        print(output)  # shown when a test fails
-        return output
-
-
-@pytest.fixture
-def api_server(worker_env: dict[str, str]) -> Iterator[ApiServer]:
-    server = ApiServer({**worker_env, **FAST})
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.stop()
 
 
 @pytest.fixture
@@ -120,7 +57,7 @@ def start_api_worker(
 ) -> Callable[..., WorkerProcess]:
     def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
         options = ["--api", api_url, "--token-file", str(token_file)]
-        return start_worker(*options, *args, env={**FAST, **(env or {})})
+        return start_worker(*options, *args, env={**FAST_API_WORKER, **(env or {})})
 
     return start
 
@@ -343,8 +280,6 @@ def test_an_api_workers_job_resumes_from_the_steps_and_cursor_its_failed_attempt
 def test_an_api_worker_records_steps_and_a_retry_resumes_from_the_failed_one(
     start_api_worker: Callable[..., WorkerProcess], tmp_path: Path
 ) -> None:
-    from tests.system.test_long_jobs import journal
-
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), fail_in=3)
     worker = start_api_worker()

@@ -1,62 +1,28 @@
 """The admin in a real browser: headless Chromium (Debian's package) driven by Playwright.
 
-Screenshots land in ``artifacts/screenshots/``.
+With ``DJANGO_JOBS_SCREENSHOTS=1``, screenshots land in ``artifacts/screenshots/``; a plain run
+writes none.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobs.models import Job, Queue, Schedule, Step
-from tests.conftest import CHROMIUM, ROOT
-from tests.factories import AttemptFactory, JobFactory
+from tests.factories import AttemptFactory, JobFactory, UserFactory
+from tests.system.helpers import PASSWORD, SHOTS, screenshot
 
-SHOTS = ROOT / "artifacts" / "screenshots"
-
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 # Without chromium, tests/conftest.py skips every test that uses the browser fixture.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-    # between browser steps are still plain synchronous code.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield browser
-        browser.close()
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-@pytest.fixture
-def operator() -> User:
-    return User.objects.create_superuser("operator", password="correct horse battery")
 
 
 def log_in(page, live_server, username: str = "operator") -> None:
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", username)
-    page.fill("#id_password", "correct horse battery")
+    page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     page.wait_for_selector("#site-name")
 
@@ -101,7 +67,7 @@ def test_an_operator_filters_errors_retries_them_and_inspects_a_job(
     page.click("#changelist-filter >> text=Error")
     page.wait_for_url("**/?state=error")
     assert page.locator("#result_list tbody tr").count() == 3
-    page.screenshot(path=str(SHOTS / "job-list-errors.png"), full_page=True)
+    screenshot(page, SHOTS / "job-list-errors.png", full_page=True)
 
     page.check("#action-toggle")
     page.select_option("select[name=action]", "retry_selected")
@@ -113,7 +79,7 @@ def test_an_operator_filters_errors_retries_them_and_inspects_a_job(
     ) == {"pending"}
     page.goto(f"{live_server.url}/admin/django_jobs/job/?state=pending")
     assert page.locator("#result_list .dj-pending").count() >= 3
-    page.screenshot(path=str(SHOTS / "job-list-after-retry.png"), full_page=True)
+    screenshot(page, SHOTS / "job-list-after-retry.png", full_page=True)
 
     page.click(f"#result_list a:text-is('{failed[0].pk}')")
     page.wait_for_selector(".dj-timeline")
@@ -121,13 +87,13 @@ def test_an_operator_filters_errors_retries_them_and_inspects_a_job(
     assert "sk-live-123" not in content and "********" in content
     page.click("summary:text('traceback')")
     assert page.locator(".dj-traceback pre").first.is_visible()
-    page.screenshot(path=str(SHOTS / "job-page.png"), full_page=True)
+    screenshot(page, SHOTS / "job-page.png", full_page=True)
 
     page.goto(f"{live_server.url}/admin/")
     page.click("text=Dashboard")
     page.wait_for_selector("#dj-queues")
     assert "sleep" in page.locator("#dj-running").inner_text()
-    page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+    screenshot(page, SHOTS / "dashboard.png", full_page=True)
     context.close()
 
 
@@ -147,7 +113,7 @@ def test_the_list_reads_well_in_dark_mode_and_on_a_narrow_window(
         # No part of the page is wider than the window, except the table's own scroller.
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, overflow
-        page.screenshot(path=str(SHOTS / name), full_page=True)
+        screenshot(page, SHOTS / name, full_page=True)
         context.close()
 
 
@@ -165,7 +131,7 @@ def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, opera
     page.wait_for_selector(".errornote")
     assert "invalid cron expression" in page.locator(".errorlist").first.inner_text()
     assert not Schedule.objects.exists()
-    page.screenshot(path=str(SHOTS / "schedule-form-error.png"), full_page=True)
+    screenshot(page, SHOTS / "schedule-form-error.png", full_page=True)
 
     page.fill("#id_cron", "5 * * * *")
     page.click("input[name=_save]")
@@ -174,7 +140,7 @@ def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, opera
     assert schedule.next_run_at is not None and schedule.kwargs["api_key"] == "sk-live-123"
     row = page.locator("#result_list tbody tr").first
     assert "tests.echo" in row.inner_text() and "5 * * * *" in row.inner_text()
-    page.screenshot(path=str(SHOTS / "schedule-list.png"), full_page=True)
+    screenshot(page, SHOTS / "schedule-list.png", full_page=True)
 
     page.click("#result_list a:text-is('hourly-echo')")
     assert "sk-live-123" not in page.content()
@@ -187,7 +153,7 @@ def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, opera
     link = page.locator(".messagelist li a").first
     job = Job.objects.get(task="tests.echo")
     assert link.inner_text() == f"job #{job.pk}"
-    page.screenshot(path=str(SHOTS / "schedule-page.png"), full_page=True)
+    screenshot(page, SHOTS / "schedule-page.png", full_page=True)
     link.click()
     page.wait_for_selector(".dj-timeline")
     assert page.url.endswith(f"/admin/django_jobs/job/{job.pk}/change/")
@@ -196,9 +162,8 @@ def test_an_operator_adds_pauses_and_runs_a_schedule(browser, live_server, opera
 
 def test_without_the_pause_permission_there_is_no_pause_button(browser, live_server) -> None:
     schedule = Schedule.objects.create(name="nightly", task="tests.echo", cron="0 3 * * *")
-    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
     codenames = ["view_schedule", "run_schedule", "view_job"]
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    UserFactory(username="viewer", password=PASSWORD, permissions=codenames)
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     log_in(page, live_server, "viewer")
@@ -210,7 +175,7 @@ def test_without_the_pause_permission_there_is_no_pause_button(browser, live_ser
     page.goto(f"{live_server.url}/admin/django_jobs/schedule/{schedule.pk}/change/")
     assert page.locator(".object-tools button:text-is('Run now')").count() == 1
     assert page.locator(".object-tools button:text-is('Pause')").count() == 0
-    page.screenshot(path=str(SHOTS / "schedule-page-no-pause.png"), full_page=True)
+    screenshot(page, SHOTS / "schedule-page-no-pause.png", full_page=True)
 
     # Posting the button's URL anyway, with a valid CSRF token, is refused.
     token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
@@ -247,12 +212,12 @@ def test_a_running_jobs_progress_bar_and_live_log_render(browser, live_server, o
     page.goto(f"{live_server.url}/admin/django_jobs/job/?state=running")
     assert page.locator("#result_list .dj-progress").count() == 2
     assert "64%" in page.locator("#result_list").inner_text()
-    page.screenshot(path=str(SHOTS / "progress.png"), full_page=True)
+    screenshot(page, SHOTS / "progress.png", full_page=True)
 
     page.goto(f"{live_server.url}/admin/django_jobs/job/{job.pk}/change/")
     assert "12 done" in page.content()
     assert page.locator(".dj-log pre").first.is_visible()
-    page.screenshot(path=str(SHOTS / "progress-job-page.png"), full_page=True)
+    screenshot(page, SHOTS / "progress-job-page.png", full_page=True)
     context.close()
 
 
@@ -275,7 +240,7 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_dashboard(
     assert "paused" in row.inner_text() and "by operator" in row.inner_text()
     assert "nightly migration" in row.inner_text()
     assert Queue.objects.get(name="imports").paused
-    page.screenshot(path=str(SHOTS / "dashboard-paused-queue.png"), full_page=True)
+    screenshot(page, SHOTS / "dashboard-paused-queue.png", full_page=True)
     row.locator("button:text-is('Resume')").click()
     page.wait_for_selector(".messagelist .success")
     assert not Queue.objects.get(name="imports").paused
@@ -286,8 +251,7 @@ def test_without_the_queue_permission_the_dashboard_has_no_pause_button(
     browser, live_server
 ) -> None:
     JobFactory(queue="imports")
-    user = User.objects.create_user("viewer", password="correct horse battery", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=["view_job"]))
+    UserFactory(username="viewer", password=PASSWORD, permissions=["view_job"])
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     log_in(page, live_server, "viewer")
@@ -359,7 +323,7 @@ def test_a_long_jobs_steps_and_cursors_fit_the_page_and_retry_from_the_start(
         # No part of the page is wider than the window, except the tables' own scrollers.
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, overflow
-        page.screenshot(path=str(SHOTS / name), full_page=True)
+        screenshot(page, SHOTS / name, full_page=True)
         context.close()
 
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -427,5 +391,5 @@ def test_the_dashboards_task_statistics_come_from_the_rollups_and_fit_the_page(
     assert overflow == []
     table = page.locator("#dj-tasks").bounding_box()
     assert table is not None and table["x"] + table["width"] <= 1280
-    page.locator("#dj-tasks").screenshot(path=str(SHOTS / "dashboard-task-statistics.png"))
+    screenshot(page.locator("#dj-tasks"), SHOTS / "dashboard-task-statistics.png")
     context.close()

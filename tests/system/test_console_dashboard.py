@@ -1,30 +1,20 @@
 """The console's dashboard, queues page and API tokens in a real browser (headless Chromium
-through Playwright) at the widths of :data:`tests.system.console.WIDTHS`: each page fits, and
-its screenshot is written to docs/images/."""
+through Playwright) at the widths of :data:`tests.system.helpers.WIDTHS`: each page fits, and
+its screenshot is written to docs/images/ when ``DJANGO_JOBS_SCREENSHOTS=1`` asks for it."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from django_jobs import queues, rollups
 from django_jobs.models import ApiToken, Queue
-from tests.factories import AttemptFactory, JobFactory
-from tests.system import test_browser
-from tests.system.console import WIDTHS, assert_fits, open_page, shoot
-
-#: The browser fixture of the admin's other browser tests (Debian's Chromium).
-browser = test_browser.browser
+from tests.factories import AttemptFactory, JobFactory, UserFactory
+from tests.system.helpers import PASSWORD, WIDTHS, assert_fits, open_page, shoot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-
-@pytest.fixture
-def operator() -> User:
-    return User.objects.create_superuser("operator", password="correct horse battery")
 
 
 def fill() -> None:
@@ -94,8 +84,7 @@ def test_the_dashboard_charts_every_queue_and_fits(browser, live_server, operato
 
 
 def test_a_user_without_view_job_sees_no_dashboard_link(browser, live_server) -> None:
-    user = User.objects.create_user("tokens", password="correct horse battery", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename="view_apitoken"))
+    UserFactory(username="tokens", password=PASSWORD, permissions=["view_apitoken"])
     page = open_page(browser, live_server, WIDTHS[0], username="tokens")
     assert page.locator("#dj-dashboard-link").count() == 0
     assert page.locator("tr.model-dashboard").count() == 0

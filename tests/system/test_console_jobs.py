@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the browser fixture, imported from test_browser.py, is each test's argument)
 """The console's job list and job page in a real browser, at a laptop's and a desktop's width:
 what an operator reads in them, measured in the page, and the screenshots docs/admin.md shows
 (``console-list``, ``console-job-failed``, ``console-job-running``, ``console-job-scheduled``).
@@ -9,13 +8,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobs.models import Job
 from tests.factories import AttemptFactory, JobFactory
-from tests.system.console import WIDTHS, open_page, shoot
-from tests.system.test_browser import browser  # noqa: F401 (the fixture)
+from tests.system.helpers import WIDTHS, open_page, shoot
 
 pytest.importorskip("playwright.sync_api")
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -33,11 +30,6 @@ TRACEBACK = """Traceback (most recent call last):
   File "/srv/app/imports/feeds.py", line 88, in fetch
     raise ValueError(f"feed {feed_url} answered 502 after 3 tries")
 ValueError: feed https://feeds.example.com/partners/acme/orders.xml answered 502 after 3 tries"""
-
-
-@pytest.fixture
-def operator() -> User:
-    return User.objects.create_superuser("operator", password="correct horse battery")
 
 
 def fill() -> dict[str, Job]:

@@ -14,8 +14,7 @@ from django.utils import timezone
 from django_jobs.models import ApiToken, Schedule, Step
 from django_jobs.models.queue_control import Queue
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
-from tests.system.console import clipped, open_page
-from tests.system.test_browser import browser  # noqa: F401  (the fixture)
+from tests.system.helpers import clipped, open_page
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
@@ -31,7 +30,7 @@ SCHEDULE = "salesforce-nightly-opportunity-reconciliation"
 
 
 def test_every_console_page_fits_1280_px_with_long_real_world_names(
-    browser,  # noqa: F811
+    browser,
     live_server,
 ) -> None:
     User.objects.create_superuser("operator", password="correct horse battery")

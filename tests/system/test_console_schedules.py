@@ -7,34 +7,19 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 from cronsim import CronSim
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobs.models import Schedule
-from tests.factories import JobFactory
-from tests.system.console import WIDTHS, assert_fits, open_page, shoot
-from tests.system.test_browser import browser  # noqa: F401  (the fixture)
+from tests.factories import JobFactory, ScheduleFactory
+from tests.system.helpers import WIDTHS, assert_fits, open_page, shoot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 PARIS = "Europe/Paris"
-
-
-@pytest.fixture
-def operator() -> User:
-    return User.objects.create_superuser("operator", password="correct horse battery")
-
-
-def make_schedule(**fields: Any) -> Schedule:
-    schedule = Schedule.objects.create(**{"task": "tests.echo", **fields})
-    schedule.recompute_next_run()
-    schedule.refresh_from_db()
-    return schedule
 
 
 def make_schedules() -> Schedule:
@@ -45,7 +30,7 @@ def make_schedules() -> Schedule:
         task="tests.echo", state="error", attempt=1, finished_at=ran, error="ConnectionError"
     )
     done = JobFactory(task="tests.echo", finished=True)
-    paris = make_schedule(
+    paris = ScheduleFactory(
         name="partner-invoices-morning-export-to-accounting",
         cron="30 6 * * mon-fri",
         timezone=PARIS,
@@ -53,7 +38,7 @@ def make_schedules() -> Schedule:
         last_job_id=failed.pk,
         last_outcome="error: ConnectionError: partner API at https://api.partner.example",
     )
-    make_schedule(
+    ScheduleFactory(
         name="feed-poller",
         cron="*/15 * * * *",
         timezone="UTC",
@@ -61,14 +46,14 @@ def make_schedules() -> Schedule:
         last_job_id=done.pk,
         last_outcome="enqueued",
     )
-    make_schedule(
+    ScheduleFactory(
         name="monthly statements for the New York branch",
         cron="0 9 1 * *",
         timezone="America/New_York",
     )
-    make_schedule(name="weekly-cleanup", cron="@weekly", timezone="UTC").pause("operator")
-    make_schedule(name="nightly-report", cron="0 3 * * *", timezone="UTC", source="code")
-    make_schedule(name="quarter-end", cron="0 0 L 3,6,9,12 *", timezone="Asia/Tokyo")
+    ScheduleFactory(name="weekly-cleanup", cron="@weekly", timezone="UTC").pause("operator")
+    ScheduleFactory(name="nightly-report", cron="0 3 * * *", timezone="UTC", source="code")
+    ScheduleFactory(name="quarter-end", cron="0 0 L 3,6,9,12 *", timezone="Asia/Tokyo")
     return paris
 
 
@@ -80,7 +65,7 @@ def walls(expression: str, zone: str, count: int) -> list[datetime]:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_schedule_list_reads_each_schedule_on_its_own_clock_and_fits(
-    browser,  # noqa: F811
+    browser,
     live_server,
     operator,
     width,
@@ -113,7 +98,7 @@ def test_the_schedule_list_reads_each_schedule_on_its_own_clock_and_fits(
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_a_schedules_page_shows_its_words_zone_and_next_five_runs_as_cronsim_counts(
-    browser,  # noqa: F811
+    browser,
     live_server,
     operator,
     width,
@@ -141,7 +126,7 @@ def test_a_schedules_page_shows_its_words_zone_and_next_five_runs_as_cronsim_cou
     page.context.close()
 
 
-def test_the_add_form_reads_the_expression_as_it_is_typed(browser, live_server, operator) -> None:  # noqa: F811
+def test_the_add_form_reads_the_expression_as_it_is_typed(browser, live_server, operator) -> None:
     page = open_page(browser, live_server, 1280)
     page.goto(f"{live_server.url}/admin/django_jobs/schedule/add/")
     box = page.locator(".dj-reading-body")

@@ -14,11 +14,10 @@ writes must not inherit.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,8 @@ import psycopg
 import pytest
 
 from tests.conftest import WorkerProcess, wait_for
-from tests.crashable import CrashableCluster, running_cluster
+from tests.crashable import CrashableCluster
+from tests.system.helpers import Execution, executions, overlaps
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
@@ -40,9 +40,8 @@ WORKER_ENV = {
 
 
 @pytest.fixture(params=["on", "off"], ids=["server-synchronous-commit-on", "server-async"])
-def cluster(request) -> Iterator[CrashableCluster]:
-    with running_cluster({"synchronous_commit": request.param}) as cluster:
-        yield cluster
+def cluster_settings(request: pytest.FixtureRequest) -> dict[str, str]:
+    return {"synchronous_commit": request.param}
 
 
 @pytest.fixture
@@ -56,47 +55,6 @@ def workers(
 ) -> Callable[..., WorkerProcess]:
     """``runjobworker`` processes on the throwaway cluster (killed at the end if still running)."""
     return lambda *args, name: start_worker(*args, name=name, env=jobs_env)
-
-
-@dataclasses.dataclass
-class Execution:
-    job: int
-    pid: int
-    attempt: int
-    start: float
-    last: float
-    ended: bool
-
-
-def executions(path: Path) -> list[Execution]:
-    """Each run of a job body, from its journal: when it started and when it was last seen."""
-    runs: dict[tuple[int, int, float], Execution] = {}
-    current: dict[tuple[int, int], Execution] = {}
-    if not path.exists():
-        return []
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        key = (entry["job"], entry["pid"])
-        if entry["event"] == "start":
-            run = Execution(
-                entry["job"], entry["pid"], entry["attempt"], entry["t"], entry["t"], False
-            )
-            runs[(entry["job"], entry["pid"], entry["t"])] = current[key] = run
-        else:
-            run = current[key]
-            run.last = entry["t"]
-            run.ended = entry["event"] == "end"
-    return list(runs.values())
-
-
-def overlaps(runs: list[Execution]) -> list[tuple[Execution, Execution]]:
-    """Pairs of runs of one job that were alive at the same time."""
-    found = []
-    for i, a in enumerate(runs):
-        for b in runs[i + 1 :]:
-            if a.job == b.job and a.start <= b.last and b.start <= a.last:
-                found.append((a, b))
-    return found
 
 
 def enqueue(cluster: CrashableCluster, journal: Path, *, seconds: float, **columns: Any) -> int:

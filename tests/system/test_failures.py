@@ -32,7 +32,7 @@ from testproject.testjobs.jobs import (
 from testproject.testjobs.models import Execution
 from tests.conftest import wait_for
 from tests.factories import JobFactory, WorkerFactory
-from tests.system.faults import FAST, fast_reaper, reap_once_stale
+from tests.system.helpers import FAST_WORKER, fast_reaper, reap_once_stale
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,7 +44,7 @@ def running(job: Job) -> bool:
 
 def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> None:
     job = record.using(max_attempts=3).enqueue(note="survivor", seconds=30)
-    victim = start_worker(env=FAST)
+    victim = start_worker(env=FAST_WORKER)
     wait_for(lambda: running(job))
     victim.kill()
     victim.proc.wait()
@@ -61,7 +61,7 @@ def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> 
     assert not Worker.objects.filter(id=lost.worker_id).exists()
 
     Job.objects.filter(pk=job.pk).update(run_after=job.created_at, kwargs={"note": "second"})
-    rescuer = start_worker("--burst", env=FAST)
+    rescuer = start_worker("--burst", env=FAST_WORKER)
     assert rescuer.wait() == 0, rescuer.output
     job.refresh_from_db()
     assert job.state == "done" and job.attempt == 2
@@ -73,7 +73,7 @@ def test_sigkilled_worker_job_is_reaped_and_done_after_a_retry(start_worker) -> 
 
 def test_a_paused_worker_whose_job_was_rerun_cannot_overwrite_the_new_run(start_worker) -> None:
     job = record.using(max_attempts=3).enqueue(note="paused", seconds=2)
-    paused = start_worker(env=FAST)
+    paused = start_worker(env=FAST_WORKER)
     # Pause it mid-job: once the job has recorded that it started (its first statement).
     wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists())
     first_worker = Job.objects.get(pk=job.pk).worker_id
@@ -83,7 +83,7 @@ def test_a_paused_worker_whose_job_was_rerun_cannot_overwrite_the_new_run(start_
             report = reap_once_stale()
         assert [a.new_state for a in report.actions] == ["pending"]
         Job.objects.filter(pk=job.pk).update(run_after=job.created_at)
-        other = start_worker("--burst", env=FAST)
+        other = start_worker("--burst", env=FAST_WORKER)
         assert other.wait() == 0, other.output
         job.refresh_from_db()
         assert job.state == "done" and job.attempt == 2
@@ -114,7 +114,7 @@ def test_a_job_past_its_timeout_is_stopped_and_the_worker_goes_on(start_worker) 
     stubborn = stubborn_sleep.using(timeout=1, max_attempts=1).enqueue(60)
     after = echo.enqueue("next")
     started = time.monotonic()
-    worker = start_worker("--burst", env=FAST)
+    worker = start_worker("--burst", env=FAST_WORKER)
     assert worker.wait(timeout=60) == 0, worker.output
     assert time.monotonic() - started < 20
     for job in (slow, stubborn):
@@ -130,7 +130,9 @@ def test_a_timed_out_job_gets_sigterm_first_and_sigkill_after_the_kill_grace(sta
     # dies of it at once, and one that ignores it is killed JOBS_KILL_GRACE seconds later.
     slow = sleep.using(timeout=1, max_attempts=1).enqueue(60)
     stubborn = stubborn_sleep.using(timeout=1, max_attempts=1).enqueue(60)
-    worker = start_worker("--burst", "--concurrency", "2", env={**FAST, "JOBS_KILL_GRACE": "8"})
+    worker = start_worker(
+        "--burst", "--concurrency", "2", env={**FAST_WORKER, "JOBS_KILL_GRACE": "8"}
+    )
     assert worker.wait(timeout=60) == 0, worker.output
     ran = {}
     for job in (slow, stubborn):
@@ -143,7 +145,7 @@ def test_a_timed_out_job_gets_sigterm_first_and_sigkill_after_the_kill_grace(sta
 
 def test_a_timed_out_job_with_attempts_left_is_retried(start_worker) -> None:
     job = sleep.using(timeout=1, max_attempts=2).enqueue(60)
-    worker = start_worker("--burst", env=FAST)
+    worker = start_worker("--burst", env=FAST_WORKER)
     assert worker.wait(timeout=60) == 0, worker.output
     job.refresh_from_db()
     assert job.state == "pending" and job.attempt == 1
@@ -156,7 +158,7 @@ def test_a_job_that_kills_its_process_ends_crashed_and_the_worker_lives_on(
 ) -> None:
     doomed = task.using(max_attempts=2).enqueue()
     after = echo.enqueue("still here")
-    worker = start_worker("--burst", env=FAST)
+    worker = start_worker("--burst", env=FAST_WORKER)
     assert worker.wait(timeout=60) == 0, worker.output
     doomed.refresh_from_db()
     assert doomed.state == "pending" and doomed.attempt == 1  # retried: it has attempts left
@@ -166,7 +168,7 @@ def test_a_job_that_kills_its_process_ends_crashed_and_the_worker_lives_on(
     assert after.state == "done"
 
     Job.objects.filter(pk=doomed.pk).update(run_after=doomed.created_at)
-    again = start_worker("--burst", env=FAST)
+    again = start_worker("--burst", env=FAST_WORKER)
     assert again.wait(timeout=60) == 0, again.output
     doomed.refresh_from_db()
     assert doomed.state == "error" and doomed.attempt == 2
@@ -175,7 +177,7 @@ def test_a_job_that_kills_its_process_ends_crashed_and_the_worker_lives_on(
 
 def test_retries_wait_out_the_backoff_measured_by_the_database(start_worker) -> None:
     job = retry_then_succeed.enqueue(succeed_on=3)
-    worker = start_worker(env=FAST)  # not --burst: it stays up through the backoff
+    worker = start_worker(env=FAST_WORKER)  # not --burst: it stays up through the backoff
     wait_for(lambda: Job.objects.get(pk=job.pk).state == "done", timeout=30)
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
@@ -192,14 +194,14 @@ def test_retries_wait_out_the_backoff_measured_by_the_database(start_worker) -> 
 def test_retry_and_fail_exceptions_steer_the_policy(start_worker) -> None:
     asked = ask_retry.enqueue(after=0.5)
     failed = fail_hard.enqueue()
-    worker = start_worker("--burst", env=FAST)
+    worker = start_worker("--burst", env=FAST_WORKER)
     assert worker.wait() == 0, worker.output
     failed.refresh_from_db()
     assert failed.state == "error" and failed.attempt == 1  # Fail: no retry despite 5 attempts
     asked.refresh_from_db()
     assert asked.state == "pending" and asked.error.startswith("Retry: not yet")
     wait_for(lambda: Job.objects.filter(pk=asked.pk, run_after__lte=Now()).exists(), timeout=10)
-    worker = start_worker("--burst", env=FAST)
+    worker = start_worker("--burst", env=FAST_WORKER)
     assert worker.wait() == 0, worker.output
     asked.refresh_from_db()
     assert asked.state == "done" and asked.result == "second time lucky"
@@ -214,7 +216,7 @@ def test_cancelling_a_pending_job_is_immediate() -> None:
 
 def test_cancelling_a_running_job_stops_it_within_a_heartbeat(start_worker) -> None:
     job = sleep.using(max_attempts=3).enqueue(60)
-    worker = start_worker(env=FAST)
+    worker = start_worker(env=FAST_WORKER)
     wait_for(lambda: running(job))
     assert job.cancel() == "running"
     asked = time.monotonic()
@@ -227,7 +229,7 @@ def test_cancelling_a_running_job_stops_it_within_a_heartbeat(start_worker) -> N
 
 def test_sigterm_lets_a_short_job_finish(start_worker) -> None:
     job = sleep.enqueue(1.5)
-    worker = start_worker("--grace", "10", env=FAST)
+    worker = start_worker("--grace", "10", env=FAST_WORKER)
     wait_for(lambda: running(job))
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output
@@ -239,7 +241,7 @@ def test_sigterm_lets_a_short_job_finish(start_worker) -> None:
 def test_sigterm_releases_a_long_job_without_using_up_an_attempt(start_worker) -> None:
     job = sleep.using(max_attempts=1).enqueue(60)
     waiting = echo.enqueue("not claimed after SIGTERM")
-    worker = start_worker("--grace", "1", env=FAST)
+    worker = start_worker("--grace", "1", env=FAST_WORKER)
     wait_for(lambda: running(job))
     Job.objects.filter(pk=waiting.pk).update(run_after=job.created_at)
     started = time.monotonic()
@@ -260,7 +262,7 @@ def test_sigterm_to_the_whole_process_group_drains_like_sigterm_to_the_superviso
     # must leave the shutdown to the supervisor: the job runs on through --grace, then is
     # released, as after a SIGTERM to the supervisor alone.
     job = sleep.using(max_attempts=1).enqueue(60)
-    worker = start_worker("--grace", "2", env=FAST)
+    worker = start_worker("--grace", "2", env=FAST_WORKER)
     wait_for(lambda: running(job))
     started = time.monotonic()
     worker.signal_group(signal.SIGTERM)
@@ -275,7 +277,7 @@ def test_sigterm_to_the_whole_process_group_drains_like_sigterm_to_the_superviso
 
 def test_a_second_signal_exits_at_once(start_worker) -> None:
     job = sleep.enqueue(60)
-    worker = start_worker("--grace", "60", env=FAST)
+    worker = start_worker("--grace", "60", env=FAST_WORKER)
     wait_for(lambda: running(job))
     worker.signal(signal.SIGTERM)
     time.sleep(0.3)  # the scenario: a second signal a moment after the first, not with it
@@ -286,14 +288,16 @@ def test_a_second_signal_exits_at_once(start_worker) -> None:
 
 def test_a_restarted_worker_recovers_the_jobs_of_its_earlier_boot_at_once(start_worker) -> None:
     job = record.using(max_attempts=2).enqueue(seconds=60)
-    first = start_worker(name="pod-a", env=FAST)
+    first = start_worker(name="pod-a", env=FAST_WORKER)
     wait_for(lambda: running(job))
     first.kill()
     first.proc.wait()
     killed_at = db_now()
     # A worker timeout of 10 minutes: only the start-up recovery of the new boot, not a stale
     # heartbeat, can end the attempt within this test.
-    second = start_worker("--burst", name="pod-a", env={**FAST, "JOBS_WORKER_TIMEOUT": "600"})
+    second = start_worker(
+        "--burst", name="pod-a", env={**FAST_WORKER, "JOBS_WORKER_TIMEOUT": "600"}
+    )
     assert second.wait(timeout=90) == 0, second.output
     job.refresh_from_db()
     assert job.state == "pending" and job.attempt == 1  # waiting out its retry backoff
@@ -377,7 +381,7 @@ def test_a_claim_whose_reply_never_reached_the_worker_is_released_without_using_
     # A claim that committed but whose reply was lost with the connection: the job is running
     # in the table, under a worker that is alive and never heard of it. Its next heartbeat finds
     # it and hands it back without counting the attempt, so even a last attempt is not failed.
-    worker = start_worker(env=FAST)
+    worker = start_worker(env=FAST_WORKER)
     worker_id = wait_for(lambda: Worker.objects.values_list("id", flat=True).first())
     busy = record.enqueue(note="really running", seconds=3)
     wait_for(lambda: running(busy))

@@ -18,7 +18,7 @@ from django_jobs.models import Attempt, Job, Worker
 from django_jobs.reaper import reap_pass
 from testproject.testjobs.jobs import hold_gil, journal
 from tests.conftest import wait_for
-from tests.system.test_crashes import Execution, executions
+from tests.system.helpers import FAST_WORKER, Execution, executions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,12 +79,7 @@ def test_no_executor_outlives_a_supervisor_killed_by_sigkill(start_worker, tmp_p
 
 #: A worker that beats every 0.5 s and counts as gone after 10 s of silence: its executors stop
 #: their job 10 - 0.5 (JOBS_KILL_GRACE) - 2 (FENCE_SLACK) = 7.5 s after its last heartbeat.
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "10",
-    "JOBS_KILL_GRACE": "0.5",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
+FAST = {**FAST_WORKER, "JOBS_WORKER_TIMEOUT": "10", "JOBS_KILL_GRACE": "0.5"}
 
 
 def overlapping(runs: list[Execution]) -> list[tuple[Execution, Execution]]:

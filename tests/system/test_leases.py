@@ -16,7 +16,7 @@ from django_jobs.models import Attempt, Job, Worker
 from testproject.testjobs.jobs import journal
 from tests.conftest import wait_for
 from tests.factories import JobFactory
-from tests.system.test_crashes import executions, overlaps
+from tests.system.helpers import executions, overlaps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,6 @@ and the counts come from that journal, not from logs.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections import Counter
@@ -26,15 +25,9 @@ from testproject.testjobs.jobs import (
     step_spawns,
 )
 from tests.conftest import wait_for
-from tests.system.faults import FAST, fast_reaper, reap_once_stale
+from tests.system.helpers import FAST_WORKER, fast_reaper, journal, reap_once_stale
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def journal(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def ready_now(job: Job) -> None:
@@ -45,7 +38,7 @@ def ready_now(job: Job) -> None:
 def test_a_job_killed_in_step_4_resumes_there_on_another_worker(start_worker, tmp_path) -> None:
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), pause=0.4)
-    victim = start_worker(env=FAST)
+    victim = start_worker(env=FAST_WORKER)
     wait_for(lambda: any(line["step"] == 4 for line in journal(path)))
     victim.kill()
     victim.proc.wait()
@@ -53,7 +46,7 @@ def test_a_job_killed_in_step_4_resumes_there_on_another_worker(start_worker, tm
         report = reap_once_stale()
     assert [a.new_state for a in report.actions] == ["pending"]
     ready_now(job)
-    rescuer = start_worker("--burst", env=FAST)
+    rescuer = start_worker("--burst", env=FAST_WORKER)
     assert rescuer.wait() == 0, rescuer.output
     job.refresh_from_db()
     assert (job.state, job.attempt, job.result) == ("done", 2, [10, 20, 30, 40, 50])
@@ -69,13 +62,13 @@ def test_a_rolling_deploy_releases_a_job_mid_step_and_the_new_release_resumes_it
 ) -> None:
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), pause=0.4)
-    old = start_worker("--grace", "0.2", env=FAST)
+    old = start_worker("--grace", "0.2", env=FAST_WORKER)
     wait_for(lambda: any(line["step"] == 3 for line in journal(path)))
     old.signal(signal.SIGTERM)  # the old pod is told to stop; its grace runs out mid-step
     assert old.wait(timeout=30) == 0, old.output
     job.refresh_from_db()
     assert (job.state, job.attempt) == ("pending", 0)  # released: no attempt used up
-    new = start_worker("--burst", env={**FAST, "TESTJOBS_NEW_RELEASE": "1"})
+    new = start_worker("--burst", env={**FAST_WORKER, "TESTJOBS_NEW_RELEASE": "1"})
     assert new.wait() == 0, new.output
     job.refresh_from_db()
     assert (job.state, job.result) == ("done", [10, 20, 30, 40, 50])
@@ -85,7 +78,7 @@ def test_a_rolling_deploy_releases_a_job_mid_step_and_the_new_release_resumes_it
 def test_an_ordinary_failure_retries_from_the_failed_step(start_worker, tmp_path) -> None:
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), fail_in=3)
-    worker = start_worker("--burst", "--burst-wait", "5", env=FAST)
+    worker = start_worker("--burst", "--burst-wait", "5", env=FAST_WORKER)
     assert worker.wait() == 0, worker.output
     job.refresh_from_db()
     assert (job.state, job.attempt) == ("done", 2), worker.output
@@ -113,14 +106,14 @@ def test_a_cursor_loop_killed_with_sigkill_resumes_after_its_last_saved_item(
 ) -> None:
     path = tmp_path / "items.jsonl"
     job = cursor_loop.enqueue(str(path), items=40, pause=0.1)
-    victim = start_worker(env=FAST)
+    victim = start_worker(env=FAST_WORKER)
     wait_for(lambda: len(journal(path)) >= 15)
     victim.kill()
     victim.proc.wait()
     with fast_reaper:
         reap_once_stale()
     ready_now(job)
-    rescuer = start_worker("--burst", env=FAST)
+    rescuer = start_worker("--burst", env=FAST_WORKER)
     assert rescuer.wait() == 0, rescuer.output
     repeats = check_cursor_loop(job, path, 40)
     print(f"cursor loop after SIGKILL: {repeats} item(s) run twice")
@@ -132,7 +125,7 @@ def test_a_cursor_loop_released_at_shutdown_resumes_after_its_last_item(
 ) -> None:
     path = tmp_path / "items.jsonl"
     job = cursor_loop.enqueue(str(path), items=40, pause=0.1)
-    first = start_worker("--grace", "0.5", env=FAST)
+    first = start_worker("--grace", "0.5", env=FAST_WORKER)
     wait_for(lambda: len(journal(path)) >= 15)
     first.signal(signal.SIGTERM)
     assert first.wait(timeout=30) == 0, first.output
@@ -140,7 +133,7 @@ def test_a_cursor_loop_released_at_shutdown_resumes_after_its_last_item(
     assert (job.state, job.attempt) == ("pending", 0), first.output  # released, not counted
     saved = job.cursors["next"]["value"]
     assert saved == max(items_run(path)) + 1 or saved == max(items_run(path))
-    second = start_worker("--burst", env=FAST)
+    second = start_worker("--burst", env=FAST_WORKER)
     assert second.wait() == 0, second.output
     repeats = check_cursor_loop(job, path, 40)
     print(f"cursor loop after SIGTERM: {repeats} item(s) run twice")
@@ -151,14 +144,14 @@ def test_a_paused_worker_that_lost_its_job_records_no_step_and_is_no_owner(
 ) -> None:
     path = tmp_path / "steps.jsonl"
     job = five_steps.enqueue(str(path), pause=1.0)
-    paused = start_worker(env=FAST)
+    paused = start_worker(env=FAST_WORKER)
     wait_for(lambda: any(line["step"] == 2 for line in journal(path)))
     paused.signal_group(signal.SIGSTOP)
     try:
         with fast_reaper:
             reap_once_stale()
         ready_now(job)
-        other = start_worker("--burst", env=FAST)
+        other = start_worker("--burst", env=FAST_WORKER)
         assert other.wait() == 0, other.output
         job.refresh_from_db()
         assert (job.state, job.attempt) == ("done", 2)
@@ -179,7 +172,7 @@ def test_a_paused_worker_that_lost_its_job_records_no_step_and_is_no_owner(
 #: Heartbeats 30 s apart: a cancel reaches the job through raise_if_cancelled, not through a
 #: heartbeat. The worker timeout is longer than that, as it must be, or the executor's fence would
 #: stop the job after a second without a committed heartbeat and record the attempt lost.
-NO_HEARTBEAT_SOON = {**FAST, "JOBS_HEARTBEAT_INTERVAL": "30", "JOBS_WORKER_TIMEOUT": "120"}
+NO_HEARTBEAT_SOON = {**FAST_WORKER, "JOBS_HEARTBEAT_INTERVAL": "30", "JOBS_WORKER_TIMEOUT": "120"}
 
 
 def test_raise_if_cancelled_ends_a_running_job_cancelled_within_a_second(start_worker) -> None:
@@ -221,7 +214,7 @@ def test_children_spawned_in_a_recorded_step_are_spawned_once_across_retries(
     start_worker,
 ) -> None:
     job = step_spawns.enqueue()
-    worker = start_worker("--burst", "--burst-wait", "5", env=FAST)
+    worker = start_worker("--burst", "--burst-wait", "5", env=FAST_WORKER)
     assert worker.wait() == 0, worker.output
     job.refresh_from_db()
     assert (job.state, job.attempt) == ("done", 2), worker.output
@@ -231,7 +224,7 @@ def test_children_spawned_in_a_recorded_step_are_spawned_once_across_retries(
 
 def test_an_async_job_uses_steps_and_cursors_through_sync_to_async(start_worker) -> None:
     job = async_steps.enqueue()
-    worker = start_worker("--burst", "--burst-wait", "5", env=FAST)
+    worker = start_worker("--burst", "--burst-wait", "5", env=FAST_WORKER)
     assert worker.wait() == 0, worker.output
     job.refresh_from_db()
     # Attempt 2 got attempt 1's step back, and the cursor attempt 1 saved.

@@ -15,15 +15,9 @@ from django.db import connection
 from django_jobs.models import Job
 from testproject.testjobs.jobs import record
 from tests.conftest import ROOT, wait_for
+from tests.system.helpers import FAST_WORKER
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "2",
-    "JOBS_KILL_GRACE": "1",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
 
 
 @pytest.fixture
@@ -62,7 +56,7 @@ def test_a_worker_survives_a_postgresql_restart_and_loses_nothing(
         "--burst",
         "--concurrency",
         "2",
-        env={**FAST, "JOBS_WORKER_TIMEOUT": "60", "DATABASE_URL": url},
+        env={**FAST_WORKER, "JOBS_WORKER_TIMEOUT": "60", "DATABASE_URL": url},
     )
     wait_for(lambda: count("SELECT count(*) FROM django_jobs_job WHERE state = 'done'") >= 8)
     done_before = count("SELECT count(*) FROM django_jobs_job WHERE state = 'done'")
@@ -94,7 +88,7 @@ def test_chaos_random_kills_lose_nothing_and_rerun_only_killed_jobs(
 ) -> None:
     jobs = record.using(max_attempts=10).enqueue_many(((), {"seconds": 0.2}) for _ in range(300))
     ids = [j.pk for j in jobs]
-    env = {**FAST}
+    env = {**FAST_WORKER}
     reaper = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "reapjobs", "--loop", "--interval", "1"],
         cwd=ROOT,

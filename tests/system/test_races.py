@@ -17,16 +17,12 @@ from django_jobs.models import Job, Worker
 from testproject.testjobs.jobs import echo, sleep
 from tests.conftest import connect, wait_for
 from tests.factories import JobFactory, WorkerFactory
-from tests.system.test_crashes import executions
+from tests.system.helpers import FAST_WORKER, executions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {
-    "JOBS_HEARTBEAT_INTERVAL": "0.5",
-    "JOBS_WORKER_TIMEOUT": "5",
-    "JOBS_KILL_GRACE": "1",
-    "JOBS_POLL_INTERVAL": "0.2",
-}
+#: As FAST_WORKER, but gone only after 5 s without a heartbeat.
+FAST = {**FAST_WORKER, "JOBS_WORKER_TIMEOUT": "5"}
 
 
 def state(job: Job) -> str:

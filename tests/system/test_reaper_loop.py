@@ -16,7 +16,6 @@ from django.db import connection
 
 from django_jobs.models import Attempt, Job
 from tests.conftest import ROOT, wait_for
-from tests.crashable import CrashableCluster, running_cluster
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,12 +93,6 @@ def test_reapjobs_loop_outlives_its_session_being_killed(worker_env, start_reape
     assert reaper.stop() == 0, reaper.output
     assert reaper.output.count(FAILED_PASS) == 1, reaper.output
     assert "database reachable again after 1 failed pass(es)" in reaper.output
-
-
-@pytest.fixture
-def cluster() -> Iterator[CrashableCluster]:
-    with running_cluster() as cluster:
-        yield cluster
 
 
 @pytest.mark.slow

@@ -5,12 +5,12 @@ once, and the counts match the jobs table hour by hour."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import WorkerProcess, wait_for
-from tests.crashable import CrashableCluster, running_cluster
+from tests.crashable import CrashableCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
@@ -41,12 +41,6 @@ FROM django_jobs_job GROUP BY 1, 2, 3
 ROLLED = """
 SELECT hour AT TIME ZONE 'UTC', queue, outcome, jobs FROM django_jobs_rollup WHERE jobs > 0
 """
-
-
-@pytest.fixture
-def cluster() -> Iterator[CrashableCluster]:
-    with running_cluster() as cluster:
-        yield cluster
 
 
 def rolled_hours(cluster: CrashableCluster) -> int:

@@ -19,7 +19,7 @@ from django_jobs.models import Attempt, Job, Worker
 from django_jobs.registry import MAX_INT
 from testproject.testjobs.jobs import echo, expiring, rated, sleep, tenant_import
 from tests.conftest import WorkerProcess, wait_for
-from tests.crashable import CrashableCluster, running_cluster
+from tests.crashable import CrashableCluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -188,9 +188,8 @@ DB = "jobs"
 
 
 @pytest.fixture
-def cluster() -> Iterator[CrashableCluster]:
-    with running_cluster({"synchronous_commit": "on"}) as cluster:
-        yield cluster
+def cluster_settings() -> dict[str, str]:
+    return {"synchronous_commit": "on"}
 
 
 @pytest.mark.slow

@@ -34,6 +34,8 @@ NEW_SCHEDULE = {"crash-sync": {"task": "tests.echo", "cron": "* * * * *"}}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[CrashableCluster]:
+    """One cluster for the module's writes (the shared fixture's is one per test), on which an
+    operator turned ``synchronous_commit`` off."""
     with running_cluster({"synchronous_commit": "off"}) as cluster:
         yield cluster
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from django_jobs.alerts import KINDS, SEVERITIES
+from tests.unit.helpers import prometheus_rules, selectors
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "django-jobs-alerts.yaml"
@@ -22,34 +22,6 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 
 #: The metrics the rules may name, and the labels of each, as docs/operations.md documents them.
 METRICS = {"django_jobs_alerts_firing": {"kind", "subject", "severity"}}
-
-#: PromQL words that are not metric names.
-KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-    "unless", "offset",
-}  # fmt: skip
-
-
-def prometheus_rules() -> list[dict[str, Any]]:
-    document = yaml.safe_load(PROMETHEUS.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"]]
-
-
-def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
-    """The metric selectors of a PromQL expression: each metric name with its label matchers
-    (``name{label="value"}``; only ``=`` matchers are read). A bare name is a selector too."""
-    without_ranges = re.sub(r"\[[^\]]*\]", " ", expr)  # [5m], [1h:1m]
-    without_groupings = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", " ", without_ranges)
-    found = []
-    for match in re.finditer(
-        r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?(\s*\()?", without_groupings
-    ):
-        name, matchers, call = match.groups()
-        if call or name in KEYWORDS or re.fullmatch(r"\d+", name):
-            continue  # a function or an aggregation, a keyword
-        labels = dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', matchers or ""))
-        found.append((name, labels))
-    return found
 
 
 def test_prometheus_rules_parse_and_cover_each_kind_once() -> None:

@@ -7,75 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from support.grafana import expand, load, panel_queries, panels
-
-# The columns each panel's query must return, in order.
-EXPECTED_COLUMNS = {
-    "Backlog per queue": ["queue", "ready", "scheduled", "waiting", "running"],
-    "Oldest ready job": ["queue", "oldest_ready_seconds"],
-    "Workers alive": ["alive", "dead", "busy_slots", "slots"],
-    "Throughput: attempts done per minute": ["time", "metric", "done_per_minute"],
-    "History: jobs ended per hour by task": ["time", "metric", "jobs"],
-    "History: failure rate by task": ["time", "metric", "failure_rate"],
-    "History: mean run time by task": ["time", "metric", "mean_seconds"],
-    "Failure rate": ["time", "metric", "failure_rate"],
-    "Failures per minute by task": ["time", "metric", "failed_per_minute"],
-    "Duration percentiles (successful attempts, last hour)": [
-        "task",
-        "queue",
-        "attempts",
-        "p50",
-        "p95",
-        "max",
-    ],
-    "Stuck jobs": [
-        "job_id",
-        "queue",
-        "task",
-        "reason",
-        "state",
-        "worker_id",
-        "attempt",
-        "max_attempts",
-        "since",
-        "age_seconds",
-    ],
-    "Recent failures": [
-        "time",
-        "job_id",
-        "queue",
-        "task",
-        "attempt",
-        "max_attempts",
-        "outcome",
-        "job_state",
-        "worker_id",
-        "duration_seconds",
-        "error",
-    ],
-    "Workers": [
-        "worker_id",
-        "host",
-        "alive",
-        "seen_seconds_ago",
-        "running_jobs",
-        "concurrency",
-        "queues",
-        "started_at",
-    ],
-    "Schedules": [
-        "name",
-        "task",
-        "expression",
-        "timezone",
-        "paused",
-        "removed_from_code",
-        "next_run_at",
-        "last_run_at",
-        "last_job_id",
-        "last_outcome",
-        "late_seconds",
-    ],
-}
+from tests.unit.helpers import EXPECTED_COLUMNS
 
 
 def test_expansion_follows_grafanas_postgres_macros() -> None:

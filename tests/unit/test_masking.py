@@ -11,6 +11,7 @@ import pytest
 
 from django_jobs.conf import DEFAULT_SENSITIVE_KEYS
 from django_jobs.sanitize import AUTH_SCHEME, MASK, QUOTED, mask_text
+from tests.unit.helpers import ADVERSARIAL
 
 KEYS = tuple(k.lower() for k in DEFAULT_SENSITIVE_KEYS)
 
@@ -65,19 +66,6 @@ def test_masks_like_the_reference_on_random_text() -> None:
     for _ in range(20_000):
         text = random_text(rng)
         assert mask_text(text) == reference_mask(text), text
-
-
-ADVERSARIAL = {
-    "a run of hex digits": "0123456789abcdef" * 4096,
-    "a run of word characters ending in a key": "x" * 65_530 + "secret",
-    "keys run together": "password" * 8192,
-    "a run of =": "=" * 65_536,
-    "a run of quotes": '"' * 65_536,
-    "keys with open quotes": 'password="' * 6553,
-    "a scheme-like run": "a." * 32_768 + "://",
-    "many schemes": "a://" * 16_384,
-    "a run of colons after a key": "token" + ":" * 65_531,
-}
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))

@@ -17,9 +17,7 @@ from django_jobs.worker.executor import Assignment, Report
 from django_jobs.worker.round_trip import RoundTrip
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeQueue
-from tests.unit.test_supervisor import TASK, clock, start, step_until, supervisor
-
-__all__ = ["clock"]  # the fixture
+from tests.unit.helpers import TASK, start, step_until, supervisor
 
 WAIT = 10.0  # seconds: only a loop that cannot overlap ever waits this long
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -18,9 +17,9 @@ from django_jobs.schedules.declarations import declared, validate_schedule
 from django_jobs.schedules.runner import SLACK
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeQueue, FakeSchedule
+from tests.unit.helpers import TASK
 
 BERLIN = "Europe/Berlin"
-TASK = "tests.noop"  # registered by testproject.testjobs
 
 
 def utc(*args: int) -> datetime:
@@ -182,13 +181,6 @@ def test_declared_schedules_come_from_the_setting_and_bad_ones_are_reported(sett
 
 
 # ---------------------------------------------------------------------- the worker's step
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(time, "monotonic", fake)
-    return fake
 
 
 def scheduling_worker(queue: FakeQueue, clock: Clock) -> Supervisor:

@@ -35,11 +35,11 @@ from django_jobs.states import (
     UNSUCCESSFUL_STATES,
     Outcome,
     State,
-    Transition,
     can_transition,
 )
 from django_jobs.store import claim_branch, sql
 from django_jobs.store.sql import functions
+from tests.unit.helpers import declared_statements_by_name, package_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_jobs"
@@ -179,22 +179,10 @@ def state_writers(source: str) -> list[Writer]:
     return sorted(found, key=lambda writer: writer.line)
 
 
-def _modules() -> dict[str, Path]:
-    """The package's modules by dotted name, migrations left out."""
-    modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if "migrations" in parts:
-            continue
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return modules
-
-
 def writers_in_package() -> dict[str, list[Writer]]:
     """Module name -> the places in it that write ``Job.state``."""
     found = {}
-    for name, path in _modules().items():
+    for name, path in package_modules().items():
         if writers := state_writers(path.read_text()):
             found[name] = writers
     return found
@@ -207,25 +195,6 @@ def sql_writers() -> dict[str, Writer]:
         for name, found in sql.QUERIES.items()
         if _STATE_WRITE.search(found.text)
     }
-
-
-def declared_statements_by_name() -> dict[str, tuple[str, Transition]]:
-    """Query name, or ``module.NAME`` for one declared in Python -> (SQL, transition) for every
-    statement in the package declared with its transition."""
-    result = {
-        name: (found.text, found.transition)
-        for name, found in sql.QUERIES.items()
-        if found.transition is not None
-    }
-    for module_name, path in _modules().items():
-        if ".statement(" not in path.read_text():
-            continue
-        module = importlib.import_module(module_name)
-        declared = states.declared_statements()
-        for name, value in vars(module).items():
-            if isinstance(value, str) and value in declared:
-                result[f"{module_name}.{name}"] = (value, declared[value])
-    return result
 
 
 # ---------------------------------------------------------------------- the writers

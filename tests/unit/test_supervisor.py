@@ -9,8 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -21,17 +20,7 @@ from django_jobs.runtime.backoff import OUTAGE_RETRY_CAP
 from django_jobs.worker.executor import Assignment, Report
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeQueue, succeed
-
-TASK = "tests.noop"  # registered by testproject.testjobs
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """``time.monotonic``, as the worker modules call it, on a clock that only the fake
-    executors' waits move forward."""
-    fake = Clock()
-    monkeypatch.setattr(time, "monotonic", fake)
-    return fake
+from tests.unit.helpers import TASK, start, step_until, supervisor
 
 
 class Records(logging.Handler):
@@ -69,35 +58,6 @@ def logs() -> Iterator[Records]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-
-
-def supervisor(
-    queue: FakeQueue, executors: FakeExecutors, *, concurrency: int = 1, **options: Any
-) -> Supervisor:
-    return Supervisor(
-        concurrency=concurrency,
-        install_signals=False,
-        listen=False,
-        poll_interval=1.0,
-        db=queue,
-        duties=queue,
-        pool=executors.pool(concurrency),
-        **{"scheduler": False, **options},  # the scheduler step: tests/unit/test_schedules.py
-    )
-
-
-def start(worker: Supervisor) -> None:
-    """What ``run()`` does before its loop."""
-    worker.pool.start()
-    worker.heartbeats.beat()
-
-
-def step_until(worker: Supervisor, done: Callable[[], bool], steps: int = 1000) -> None:
-    for _ in range(steps):
-        if done():
-            return
-        worker._step()
-    raise AssertionError(f"not done after {steps} steps")
 
 
 def stack_depth() -> int:

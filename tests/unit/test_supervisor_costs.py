@@ -23,15 +23,7 @@ from django_jobs.worker.slots import Reported, Slot
 from django_jobs.worker.spawn import READ_SIZE, ExecutorEnd
 from django_jobs.worker.supervisor import Supervisor
 from tests.unit.fakes import Clock, FakeExecutors, FakeProcess, FakeQueue
-
-TASK = "tests.noop"  # registered by testproject.testjobs
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(time, "monotonic", fake)
-    return fake
+from tests.unit.helpers import TASK
 
 
 class Records(logging.Handler):
