@@ -10,6 +10,7 @@ import threading
 import time
 
 from django_jobs.worker.capture import MaskedLines, Sink, Tee
+from tests.timing import CPU_BOUND
 
 
 def _copied(write_end: int, read_end: int) -> bytes:
@@ -107,11 +108,12 @@ def test_a_line_longer_than_the_hold_is_sent_in_pieces_each_masked() -> None:
 
 def test_masking_64_kib_of_adversarial_output_in_the_executor_takes_linear_time() -> None:
     # A 24 KiB hex line froze the old supervisor for 31 s; here it is masked once, where it is
-    # written, in milliseconds (the bound is generous for a loaded machine).
+    # written, in milliseconds: counted in this thread's CPU time (where the masking runs; the
+    # pipe's reader is another thread), which other processes on the cores do not add to.
     hex_line = "0123456789abcdef" * 4096
-    started = time.perf_counter()
+    started = time.thread_time()
     copied = _masked_copy([hex_line[i : i + 100] for i in range(0, len(hex_line), 100)] + ["\n"])
-    assert time.perf_counter() - started < 1.0 and copied == hex_line + "\n"
+    assert time.thread_time() - started < CPU_BOUND and copied == hex_line + "\n"
 
 
 def test_a_progress_bar_redrawn_with_carriage_returns_goes_as_it_is_drawn() -> None:
