@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -55,6 +56,16 @@ def rate_of(starts: list[datetime]) -> float:
     return (len(times) - 1) / (times[-1] - times[0])
 
 
+def refills(starts: list[datetime], limit: int) -> list[float]:
+    """For each start after the first ``limit``: the seconds since the start ``limit`` places
+    before it, which had to leave the window first. With jobs waiting, that is the period plus
+    the claim's latency (the worker's next poll, and what a busy machine adds) when the limiter
+    lets a start in as soon as its window has room; a limiter of half the rate needs at least
+    two periods for every one of them, however fast the machine."""
+    times = sorted(start.timestamp() for start in starts)
+    return [later - earlier for earlier, later in zip(times, times[limit:], strict=False)]
+
+
 def starts_by_key() -> dict[str, list[datetime]]:
     found: dict[str, list[datetime]] = collections.defaultdict(list)
     for key, started in Attempt.objects.values_list("job__rate_key", "started_at"):
@@ -82,15 +93,20 @@ def test_rate_limits_are_exact_under_contention_and_hold_back_nothing_else(start
     first = min(min(starts) for starts in by_key.values())
     free_starts = list(Attempt.objects.filter(job__in=free).values_list("started_at", flat=True))
     free_last = (max(free_starts) - first).total_seconds()
+    median_refill = {key: round(statistics.median(refills(by_key[key], 10)), 2) for key in keys}
     print(
         f"\nmost starts in any 2 s window per key: {windows}; achieved rate per key (starts/s):"
-        f" {rates}; the 60 unlimited jobs all started within {free_last:.1f} s of the first"
-        " start"
+        f" {rates}; median refill per key (s): {median_refill}; the 60 unlimited jobs all"
+        f" started within {free_last:.1f} s of the first start"
     )
     assert Job.objects.filter(state="done").count() == 180
     assert max(windows.values()) == 10, windows  # reached, never exceeded
-    assert all(rate >= 4.0 for rate in rates.values()), rates  # close to 10 per 2 s
-    assert free_last < 6.0  # not held back behind the 24 s the keyed jobs take at their rate
+    # Close to 10 per 2 s: most windows refilled within a period of their room coming (2 s,
+    # and 2 s of latency for a busy machine), which no limiter of half the rate can do.
+    assert all(refill < 2.0 + 2.0 for refill in median_refill.values()), median_refill
+    # Not held back behind the keyed jobs: the 60 unlimited ones all started before the last
+    # window of any key, which its limit opens 6 s after its first start at the earliest.
+    assert max(free_starts) < min(sorted(by_key[key])[30] for key in keys), free_last
     # Held jobs waited as pending: one attempt each, nothing handed back or retried.
     assert Attempt.objects.count() == 180
 
@@ -106,10 +122,13 @@ def test_a_queue_rate_limit_holds_across_two_workers(start_worker) -> None:
     most = busiest_window(starts, 1.0)
     print(
         f"\nqueue 'reports' at 5/s with 2 workers: most starts in any 1 s window: {most};"
-        f" achieved {rate_of(starts):.2f} starts/s"
+        f" achieved {rate_of(starts):.2f} starts/s;"
+        f" median refill {statistics.median(refills(starts, 5)):.2f} s"
     )
     assert most == 5
-    assert rate_of(starts) >= 3.5
+    # Most windows refilled within a period (1 s) of their room coming: a limiter of half the
+    # rate (each worker held to its share, say) needs two periods for every one.
+    assert statistics.median(refills(starts, 5)) < 1.0 + 1.0
 
 
 def test_a_rate_limit_survives_a_worker_sigkill_with_no_burst(start_worker) -> None:
@@ -142,7 +161,11 @@ def test_deadlines_in_a_paused_queue_expire_and_cancel_their_dependents(start_wo
     queues.pause("reports", by="test")
     with workers(start_worker, 1, "--concurrency", "2", env={"JOBS_EXPIRY_INTERVAL": "0.2"}):
         wait_for(Worker.objects.exists, timeout=30, interval=0.1)  # up and looking
-        doomed = [expiring.using(queue="reports", expires_after=1).enqueue(i) for i in range(5)]
+        # Deadlines 2 s apart: a look every 0.2 s ends each within 2 s of its deadline (1.8 s
+        # for a busy machine); looks 5 s apart (the default) leave at least one 2 s late.
+        doomed = [
+            expiring.using(queue="reports", expires_after=1 + 2 * i).enqueue(i) for i in range(5)
+        ]
         dependents = [echo.using(depends_on=[job]).enqueue("after") for job in doomed]
         wait_for(
             lambda: (
