@@ -22,6 +22,11 @@ from __future__ import annotations
 #: process, a worker or PostgreSQL waiting for a core behind the other tests' processes.
 BUSY_MACHINE_MARGIN = 5.0
 
+#: Seconds a busy machine may take to start a Python process that sets up Django and the app
+#: and reaches the database: about a second on an idle machine, 4-5 s seen at a load of 15 on
+#: two cores.
+PROCESS_START = 15.0
+
 #: Seconds of CPU time that work measured in milliseconds on an idle machine may take in a test
 #: (measured with ``time.thread_time()``, which another process using the cores does not add to):
 #: over a hundred times the expected figure, and far under the quadratic cases it guards against,
