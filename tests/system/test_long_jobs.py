@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from django_jobs.models import Job, Step
 from testproject.testjobs.jobs import (
@@ -26,6 +27,7 @@ from testproject.testjobs.jobs import (
 )
 from tests.conftest import wait_for
 from tests.system.helpers import FAST_WORKER, fast_reaper, journal, reap_once_stale
+from tests.timing import BUSY_MACHINE_MARGIN
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,17 +183,22 @@ def test_raise_if_cancelled_ends_a_running_job_cancelled_within_a_second(start_w
     try:
         wait_for(lambda: Job.objects.filter(pk=job.pk, state="running").exists())
         time.sleep(0.3)
-        asked = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            asked = cursor.fetchone()[0]
         Job.objects.get(pk=job.pk).cancel()
-        wait_for(lambda: Job.objects.filter(pk=job.pk, state="cancelled").exists(), timeout=5)
-        took = time.monotonic() - asked
+        wait_for(lambda: Job.objects.filter(pk=job.pk, state="cancelled").exists(), timeout=60)
     finally:
         worker.signal(signal.SIGTERM)
         worker.wait()
-    print(f"raise_if_cancelled: cancelled {took:.2f}s after the request")
-    assert took < 1.0
     job.refresh_from_db()
-    assert job.attempts.get().outcome == "cancelled"
+    attempt = job.attempts.get()
+    assert attempt.outcome == "cancelled"
+    # By the database's clock: the job's next check (it checks every 0.05 s), and its attempt's
+    # end; a job left to its worker would stop at the next heartbeat, 30 s away.
+    took = (attempt.finished_at - asked).total_seconds()
+    print(f"raise_if_cancelled: cancelled {took:.2f}s after the request")
+    assert took < 0.05 + BUSY_MACHINE_MARGIN
     assert job.attempt == 1  # not retried, though attempts remain
 
 
