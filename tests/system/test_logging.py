@@ -47,6 +47,7 @@ def test_worker_json_logs_claim_finish_and_retry_with_their_fields(start_worker)
         assert line["task"] == "tests.echo" and line["queue"] == "default"
         assert line["attempt"] == 1 and line["worker_id"].startswith(worker.name + ":")
     assert finish["outcome"] == "done" and finish["state"] == "done"
+    # In seconds: milliseconds for an echo, and 30 s is room for any busy machine.
     assert isinstance(finish["duration"], float) and 0 <= finish["duration"] < 30
     assert {"time", "level", "logger", "message"} <= set(finish)
 
@@ -95,4 +96,6 @@ def test_reapjobs_json_logs_each_reap_with_queue_and_duration(worker_env) -> Non
     assert reap["event"] == "reap" and reap["outcome"] == "lost" and reap["state"] == "pending"
     assert (reap["queue"], reap["task"], reap["attempt"]) == ("reports", "tests.sleep", 1)
     assert reap["worker_id"] == "gone:1:abc"
+    # In seconds: started 3 minutes ago, 180 s and the command's start-up, with 7 minutes of
+    # room for a busy machine (in milliseconds it would be 180,000).
     assert 170 < reap["duration"] < 600
