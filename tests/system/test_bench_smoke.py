@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import ROOT, connect, database_url
+from tests.timing import BUSY_MACHINE_MARGIN
 
 # The benchmarks time what they run: alone on the machine.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.serial]
@@ -65,7 +66,9 @@ def test_smoke_run_of_the_benchmark_suite_measures_every_part(tmp_path: Path) ->
 
     latency = {r["variant"]: r for r in results["latency"]}
     assert set(latency) == {"listen", "poll-100ms"}
-    assert all(r["samples"] == 2 and 0 < r["p50_s"] < 5 for r in latency.values())
+    # Milliseconds woken by LISTEN, about half the 100 ms poll otherwise; the margin is a busy
+    # machine's (this is a smoke run: the bench's own figures are what it reports).
+    assert all(r["samples"] == 2 and 0 < r["p50_s"] < BUSY_MACHINE_MARGIN for r in latency.values())
 
     sizes = results["scale"]["sizes"]
     assert [s["rows"] for s in sizes] == [500, 2_000]
