@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import textwrap
@@ -37,10 +36,10 @@ def installed() -> bool:
     return Path(BINARY).exists()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: The port in the name of pgbouncer's socket (``.s.PGSQL.6432``). pgbouncer listens on a Unix
+#: socket in a directory of its own, not on TCP: no port to find free, and so no window in which
+#: another process (another pgbouncer of a test run beside this one) could take it.
+SOCKET_PORT = 6432
 
 
 @dataclasses.dataclass
@@ -60,12 +59,16 @@ class PgBouncer:
         return PIDS / f"pgbouncer-{self.process.pid}.json"
 
     def url(self, dbname: str) -> str:
-        return f"postgres://{self.user}@127.0.0.1:{self.port}/{dbname}"
+        return f"postgres://{self.user}@/{dbname}?host={self.directory}&port={self.port}"
 
     def console(self, command: str) -> list[dict[str, Any]]:
         """Run a SHOW command on the admin console."""
         with psycopg.connect(
-            host="127.0.0.1", port=self.port, user=self.user, dbname="pgbouncer", autocommit=True
+            host=str(self.directory),
+            port=self.port,
+            user=self.user,
+            dbname="pgbouncer",
+            autocommit=True,
         ) as conn:
             cursor = conn.execute(command)
             names = [c.name for c in cursor.description]
@@ -92,7 +95,7 @@ def start(host: str, port: int | str, user: str, pool_size: int = 3) -> PgBounce
     # Not under a private temp dir: as root, pgbouncer drops to another user, who must reach it.
     directory = Path(tempfile.mkdtemp(prefix="django-jobs-pgbouncer-"))
     directory.chmod(0o777)
-    listen = free_port()
+    listen = SOCKET_PORT
     (directory / "users.txt").write_text(f'"{user}" ""\n')
     config = directory / "pgbouncer.ini"
     config.write_text(
@@ -101,9 +104,9 @@ def start(host: str, port: int | str, user: str, pool_size: int = 3) -> PgBounce
         * = host='{host}' port={port}
 
         [pgbouncer]
-        listen_addr = 127.0.0.1
+        listen_addr =
         listen_port = {listen}
-        unix_socket_dir =
+        unix_socket_dir = {directory}
         auth_type = trust
         auth_file = {directory}/users.txt
         admin_users = {user}

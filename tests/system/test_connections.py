@@ -132,12 +132,8 @@ def test_a_multi_host_url_reaches_the_writable_server(start_worker, tmp_path) ->
     host = s["HOST"] or s["OPTIONS"].get("host") or "127.0.0.1"
     port = str(s["PORT"] or s["OPTIONS"].get("port") or 5432)
     user, name = s["USER"] or "postgres", s["NAME"]
-    # The second host has no server: a closed port, or for a server on a Unix socket (the
-    # embedded PostgreSQL), a socket directory with no socket in it.
-    if host.startswith("/"):
-        nowhere = (str(tmp_path), port)
-    else:
-        nowhere = ("127.0.0.1", str(pgbouncer_launcher.free_port()))
+    # The second host has no server: a socket directory with no socket in it.
+    nowhere = (str(tmp_path), port)
     # The first host is a server that takes the connection but is read-only: only
     # target_session_attrs=read-write turns it down (libpq asks it whether it is).
     settings = {"default_transaction_read_only": "on", "log_connections": "on"}
