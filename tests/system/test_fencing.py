@@ -20,6 +20,7 @@ from django_jobs.reaper import reap_pass
 from django_jobs.worker.fence import FENCE_SLACK
 from testproject.testjobs.jobs import hold_gil, journal
 from tests.conftest import wait_for
+from tests.skips import NOT_ON_THIS_MACHINE
 from tests.system.helpers import FAST_WORKER, Execution, executions
 from tests.timing import BUSY_MACHINE_MARGIN
 
@@ -55,7 +56,10 @@ def command_line(pid: int) -> str:
     return "?"
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(),
+    reason=NOT_ON_THIS_MACHINE + "/proc, which it reads (Linux)",
+)
 def test_no_executor_outlives_a_supervisor_killed_by_sigkill(start_worker, tmp_path: Path) -> None:
     # Three slots: one busy with a long job, two idle. Only the main pid is killed, so nothing
     # but the executors themselves can notice that their supervisor is gone.
@@ -166,7 +170,10 @@ def test_a_stalled_supervisors_job_stops_before_another_worker_runs_it_again(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(),
+    reason=NOT_ON_THIS_MACHINE + "/proc, which it reads (Linux)",
+)
 def test_a_job_holding_the_gil_is_killed_by_the_kernel_before_the_worker_timeout(
     start_worker,
 ) -> None:
