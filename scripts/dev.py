@@ -218,7 +218,7 @@ def run_tests(args: list[str]) -> int:
         say("running the test suite")
         return run_pytest(args)
     say(f"running the test suite on {workers} processes, but the tests marked serial")
-    first = run_pytest(["-n", str(workers), "--dist", "load", "--serial=without", *args])
+    first = run_pytest(["-n", str(workers), "--dist", "worksteal", "--serial=without", *args])
     if first not in (0, 5) and {"-x", "--exitfirst"} & set(args):
         return first
     say("running the tests marked serial, one at a time")

@@ -133,9 +133,10 @@ TIER_ORDER = {"system": 0, "integration": 1, "unit": 2}
 
 
 def slow_first(items: list[pytest.Item]) -> None:
-    """Order the tests for the processes of ``-n`` (``--dist load`` hands them out in this
-    order): the ones marked slow first, then by tier, system tests first, so that no long test
-    starts last, while the other processes have nothing left to run."""
+    """Order the tests for the processes of ``-n``: the ones marked slow first, then by tier,
+    system tests first. ``--dist worksteal`` gives each process a share of this order, and a
+    process that has run its share takes tests from the end of another's: the long tests start
+    early, and no process waits idle while another still holds tests it has not started."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("slow") is None,
