@@ -8,8 +8,12 @@ Test modules import from here, never from one another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -196,3 +200,32 @@ def read_only_role_sql() -> str:
     text = (ROOT / "docs" / "operations.md").read_text()
     section = text.split("### A read-only role for Grafana", 1)[1]
     return re.search(r"```sql\n(.*?)```", section, re.S)[1]  # type: ignore[index]
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[tuple[tuple[str, int], list[socket.socket]]]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers: its address, and
+    the connections it has accepted so far (closed at the end)."""
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = server.getsockname()
+
+        def accept() -> None:
+            while True:
+                sock = server.accept()[0]
+                if done.is_set():  # the connection that ends this server
+                    sock.close()
+                    return
+                accepted.append(sock)
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        try:
+            yield address, accepted
+        finally:
+            done.set()
+            socket.create_connection(address).close()
+            acceptor.join()
+            for sock in accepted:
+                sock.close()

@@ -28,6 +28,7 @@ from django_jobs.liveness import KubernetesLiveness
 from django_jobs.models import Job, Worker
 from django_jobs.reaper import reap_pass
 from tests.factories import AttemptFactory, JobFactory, WorkerFactory
+from tests.integration.helpers import silent_server
 from tests.timing import BUSY_MACHINE_MARGIN
 
 pytestmark = pytest.mark.django_db
@@ -548,36 +549,17 @@ def test_a_forbidden_pod_list_is_one_warning_with_the_api_message(api, reaper_lo
 
 def test_a_hung_api_server_cannot_stall_the_pass(monkeypatch, reaper_log) -> None:
     # A server that accepts connections, counts them, and never answers.
-    accepted: list[socket.socket] = []
-    done = threading.Event()
-    with socket.socket() as hung:
-        hung.bind(("127.0.0.1", 0))
-        hung.listen()
-
-        def accept() -> None:
-            while True:
-                sock = hung.accept()[0]
-                if done.is_set():  # the connection that ends the test's server
-                    sock.close()
-                    return
-                accepted.append(sock)
-
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
-        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    with silent_server() as ((host, port), accepted):
+        url = f"http://{host}:{port}"
         monkeypatch.setattr(KubernetesLiveness, "TIMEOUT", 1.0)
         silent_for_an_hour = running_on(ALIVE, silent_for=3600)
         silent_for_a_while = running_on(GONE, silent_for=30)  # a pod list would reap it
         started = time.monotonic()
         reasons = reaped({"JOBS_KUBERNETES": {"api_url": url, "namespace": "jobs"}})
         took = time.monotonic() - started
-        done.set()
-        socket.create_connection(hung.getsockname()).close()
-        acceptor.join()
-    for sock in accepted:
-        sock.close()
+        tries = len(accepted)
     assert set(reasons) == {silent_for_an_hour.pk}
-    assert len(accepted) == 1, accepted  # one attempt, no retries
+    assert tries == 1, tries  # one attempt, no retries
     # The 1 s timeout; without one the pass would wait as long as the server does, for ever.
     assert took < 1.0 + BUSY_MACHINE_MARGIN, f"the pass took {took:.1f}s for a 1s timeout"
     assert Job.objects.get(pk=silent_for_a_while.pk).state == "running"

@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +23,7 @@ from django_jobs import queues
 from django_jobs.models import Job
 from tests.conftest import ROOT, connect
 from tests.factories import JobFactory
+from tests.integration.helpers import silent_server
 from tests.timing import BUSY_MACHINE_MARGIN
 
 READER = "django_jobs_reader"
@@ -132,32 +131,15 @@ def test_a_read_database_that_never_answers_costs_the_dashboard_the_connect_time
     replica, admin_client, settings
 ) -> None:
     settings.JOBS_READ_CONNECT_TIMEOUT = 2
-    tries: list[socket.socket] = []
-    with socket.create_server(("127.0.0.1", 0)) as silent:  # counts connections, never answers
-
-        def accept() -> None:
-            while True:
-                sock = silent.accept()[0]
-                if stop.is_set():  # the connection that ends the test's server
-                    sock.close()
-                    return
-                tries.append(sock)
-
-        stop = threading.Event()
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
+    with silent_server() as ((host, port), accepted):  # counts connections, never answers
         started = time.monotonic()
-        with replica_at(HOST="127.0.0.1", PORT=silent.getsockname()[1]):
+        with replica_at(HOST=host, PORT=port):
             response = admin_client.get("/admin/django_jobs/dashboard/")
         took = time.monotonic() - started
-        stop.set()
-        socket.create_connection(silent.getsockname()).close()
-        acceptor.join()
-    for sock in tries:
-        sock.close()
+        tries = len(accepted)
     assert response.status_code == 200
     assert "timeout expired" in response.content.decode().split('id="dj-read-problem"')[1]
-    assert len(tries) == 1, tries  # one connection tried: the page waited for it once
+    assert tries == 1, tries  # one connection tried: the page waited for it once
     # The 2 s connect timeout; without one, the page would wait as long as the server, for ever.
     assert took < 2 + BUSY_MACHINE_MARGIN, f"took {took:.1f}s"
 
