@@ -124,25 +124,40 @@ def select_serial(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_tiers(items)
     select_serial(config, items)
+    skip_what_is_not_installed(items)
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        slow_first(items)
+        slow_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 #: The order of the tiers under ``-n``: the slowest first.
 TIER_ORDER = {"system": 0, "integration": 1, "unit": 2}
 
 
-def slow_first(items: list[pytest.Item]) -> None:
-    """Order the tests for the processes of ``-n``: the ones marked slow first, then by tier,
-    system tests first. ``--dist worksteal`` gives each process a share of this order, and a
-    process that has run its share takes tests from the end of another's: the long tests start
-    early, and no process waits idle while another still holds tests it has not started."""
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("slow") is None,
-            TIER_ORDER.get(tier(item), 1),
-        )
+def slow_first(items: list[pytest.Item], processes: int) -> None:
+    """Order the tests for the ``processes`` of ``-n``. ``--dist worksteal`` gives each process
+    one contiguous share of this order, and a process that has run its share takes tests from
+    the end of another's. So each share starts with its part of the tests marked slow (dealt
+    out in turn), then the rest by tier, system tests first: every process starts on long
+    tests at once, and none is left holding a long test it has not started."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    rest = sorted(
+        (item for item in items if not item.get_closest_marker("slow")),
+        key=lambda item: TIER_ORDER.get(tier(item), 1),
     )
+    processes = max(1, processes)
+    size, extra = divmod(len(items), processes)
+    ordered: list[pytest.Item] = []
+    for share in range(processes):
+        length = size + (share < extra)
+        head = slow[share::processes][:length]
+        ordered += head
+        ordered += [rest.pop(0) for _ in range(min(length - len(head), len(rest)))]
+    ordered += rest + [item for item in slow if item not in ordered]
+    items[:] = ordered
+
+
+def skip_what_is_not_installed(items: list[pytest.Item]) -> None:
+    """Skip the tests whose Debian package is missing, saying which; in CI, refuse to run."""
     missing = not_installed(items)
     if not missing:
         return

@@ -182,6 +182,9 @@ def test_deadlines_in_a_paused_queue_expire_and_cancel_their_dependents(start_wo
     assert not Attempt.objects.exists()  # none ever ran
 
 
+# Orders the claims by their start times, which a loaded machine can skew: alone on the
+# machine.
+@pytest.mark.serial
 def test_a_fair_queue_starts_another_tenants_jobs_within_a_few_claims(start_worker) -> None:
     limit = {"concurrency_limit": 1000}
     tenant_import.using(concurrency_key="tenant:a", **limit).enqueue_many(
