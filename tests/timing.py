@@ -1,7 +1,7 @@
 """Wall-clock limits in tests: the rule they follow, and the margin they share.
 
-The suite runs on two processes side by side (pytest-xdist) on a two-core machine that other
-work may share, so a correct feature can take several times longer there than on an idle
+The suite runs on several processes side by side (pytest-xdist, two per core) on a machine
+that other work may share, so a correct feature can take several times longer there than on an idle
 machine. No test may fail for that alone. So:
 
 1. Where it can, a test measures something a busy machine does not change: a count of
