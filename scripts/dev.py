@@ -198,10 +198,10 @@ def pytest_args(extra: list[str]) -> list[str]:
 
 
 def test_workers() -> int:
-    """How many pytest processes run the tests side by side: ``DJANGO_JOBS_TEST_WORKERS``, or two
-    per core (most tests wait on PostgreSQL, a worker process or a clock, not on a core)."""
+    """How many pytest processes run the tests side by side: ``DJANGO_JOBS_TEST_WORKERS``, or one
+    per core, and at least two (most tests wait on PostgreSQL, a worker process or a clock)."""
     wanted = os.environ.get("DJANGO_JOBS_TEST_WORKERS")
-    return int(wanted) if wanted else 2 * (os.cpu_count() or 1)
+    return int(wanted) if wanted else max(2, os.cpu_count() or 1)
 
 
 def run_pytest(args: list[str]) -> int:

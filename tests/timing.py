@@ -1,6 +1,6 @@
 """Wall-clock limits in tests: the rule they follow, and the margin they share.
 
-The suite runs on several processes side by side (pytest-xdist, two per core) on a machine
+The suite runs on several processes side by side (pytest-xdist, one per core) on a machine
 that other work may share, so a correct feature can take several times longer there than on an idle
 machine. No test may fail for that alone. So:
 

@@ -136,7 +136,8 @@ def start_scheduler(worker_env: dict[str, str], **env: str) -> subprocess.Popen[
 def test_a_scheduler_back_after_missing_ticks_does_not_flood(worker_env) -> None:
     skip = echo_schedule("away-skip", "away-skip")
     latest = echo_schedule("away-latest", "away-latest", catch_up="latest")
-    # The schedulers were away for ten ticks (a deploy gone wrong, say).
+    # The schedulers were away for ten ticks (a deploy gone wrong, say); one more is missed for
+    # each minute boundary that passes before the scheduler, started on a busy machine, looks.
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE django_jobs_schedule SET next_run_at = date_trunc('minute', now()) "
@@ -145,6 +146,7 @@ def test_a_scheduler_back_after_missing_ticks_does_not_flood(worker_env) -> None
         )
     if db_now().second > 50 or db_now().second < 3:  # keep the latest tick over the grace
         after_next_boundary(margin=3)
+    started = db_now().replace(second=0, microsecond=0)
     scheduler = start_scheduler(worker_env, JOBS_SCHEDULE_GRACE="2", **FAST)
     try:
         wait_for(lambda: Schedule.objects.filter(last_outcome__contains="skipped").count() == 2)
@@ -155,8 +157,11 @@ def test_a_scheduler_back_after_missing_ticks_does_not_flood(worker_env) -> None
     skip.refresh_from_db()
     latest.refresh_from_db()
     print(f"\nafter 10 missed ticks: skip={skip.last_outcome!r} latest={latest.last_outcome!r}")
-    assert skip.last_outcome == "skipped 10 missed ticks" and skip.last_job_id is None
-    assert latest.last_outcome == "enqueued (skipped 9 missed ticks)"
+    late = int((db_now().replace(second=0, microsecond=0) - started).total_seconds() // 60)
+    missed = {f"skipped {10 + n} missed ticks": 10 + n for n in range(late + 1)}
+    assert skip.last_outcome in missed and skip.last_job_id is None, (skip.last_outcome, late)
+    # Both in the same pass: "latest" runs the last of the same missed ticks, and skips the rest.
+    assert latest.last_outcome == f"enqueued (skipped {missed[skip.last_outcome] - 1} missed ticks)"
     assert Job.objects.count() == 1 and Job.objects.get().args == ["away-latest"]
     assert skip.next_run_at > datetime.now(UTC) and latest.next_run_at == skip.next_run_at
     assert "scheduler: 1 job(s) enqueued, 2 schedule(s) handled" in output
