@@ -136,17 +136,17 @@ def start_scheduler(worker_env: dict[str, str], **env: str) -> subprocess.Popen[
 def test_a_scheduler_back_after_missing_ticks_does_not_flood(worker_env) -> None:
     skip = echo_schedule("away-skip", "away-skip")
     latest = echo_schedule("away-latest", "away-latest", catch_up="latest")
-    # The schedulers were away for ten ticks (a deploy gone wrong, say); one more is missed for
-    # each minute boundary that passes before the scheduler, started on a busy machine, looks.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE django_jobs_schedule SET next_run_at = date_trunc('minute', now()) "
-            "- interval '9 minutes' WHERE id IN (%s, %s)",
-            [skip.pk, latest.pk],
-        )
     if db_now().second > 50 or db_now().second < 3:  # keep the latest tick over the grace
         after_next_boundary(margin=3)
+    # The schedulers were away for ten ticks (a deploy gone wrong, say); one more is missed for
+    # each minute boundary that passes before the scheduler, started on a busy machine, looks.
     started = db_now().replace(second=0, microsecond=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_jobs_schedule SET next_run_at = %s - interval '9 minutes'"
+            " WHERE id IN (%s, %s)",
+            [started, skip.pk, latest.pk],
+        )
     scheduler = start_scheduler(worker_env, JOBS_SCHEDULE_GRACE="2", **FAST)
     try:
         wait_for(lambda: Schedule.objects.filter(last_outcome__contains="skipped").count() == 2)
